@@ -1,0 +1,51 @@
+"""Slapo: a schedule language for progressive optimisation of large model training.
+
+A model stays untouched; a *schedule* created over it applies primitives to modules addressed by
+their path, and ``build`` returns an ordinary ``nn.Module``::
+
+    import slapo
+    sch = slapo.create_schedule(model)
+    sch["encoder.layer.0"].checkpoint()
+    model, _ = slapo.build(sch)
+"""
+
+from . import primitives as _primitives  # noqa: F401  (registers the built-in primitives)
+from .activation_checkpoint import checkpoint
+from .build import build
+from .errors import (
+    AnnotateError,
+    BuildError,
+    CheckpointError,
+    CheckpointIOError,
+    ConfigError,
+    InitError,
+    PathError,
+    PatternError,
+    PipelineError,
+    PrimitiveError,
+    RegistryError,
+    ReplaceError,
+    ShardError,
+    SlapoError,
+    SyncError,
+    TraceError,
+    VerifyError,
+)
+from .history import Deferred, History, HistoryEntry
+from .init import init_empty_weights
+from .primitives.registry import Primitive, list_primitives, register_primitive
+from .rng import get_rng_tracker, is_random_seed_set, set_random_seed
+from .schedule import Schedule, create_schedule
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "create_schedule", "Schedule", "build",
+    "Primitive", "register_primitive", "list_primitives",
+    "History", "HistoryEntry", "Deferred",
+    "checkpoint", "init_empty_weights",
+    "set_random_seed", "get_rng_tracker", "is_random_seed_set",
+    "SlapoError", "PathError", "PrimitiveError", "RegistryError", "ReplaceError",
+    "CheckpointError", "AnnotateError", "ShardError", "SyncError", "TraceError", "PatternError",
+    "PipelineError", "BuildError", "InitError", "CheckpointIOError", "VerifyError", "ConfigError",
+]

@@ -1,0 +1,53 @@
+"""``build``: turn a schedule into a runnable model for a training runtime."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+
+from .dialects import get_dialect
+from .errors import BuildError
+from .init import InitFn, materialize
+from .schedule import Schedule
+
+__all__ = ["build"]
+
+
+def build(
+    sch: Schedule,
+    target: Optional[str] = None,
+    init_weights: InitFn = None,
+    device: Optional[torch.device] = None,
+    **kwargs: Any,
+) -> Tuple[Any, Optional[Any]]:
+    """Build the scheduled model.
+
+    Args:
+        sch: the schedule (usually the root returned by ``create_schedule``).
+        target: ``None``/``"torch"`` for a plain ``nn.Module``; other registered dialects
+            (``slapo.dialects.list_dialects()``) wrap it into their runtime.
+        init_weights: how to initialise tensors still on the meta device: ``True`` for the
+            modules' own initialisers, or ``fn(module)``. Real tensors are never re-initialised.
+        device: where meta tensors are materialised (default CPU).
+        **kwargs: options of the target (e.g. ``optimizer=`` for ``torch``).
+
+    Returns:
+        ``(model, optimizer_or_None)``; ``model`` is an ordinary ``nn.Module`` for ``torch``.
+
+    Raises:
+        BuildError: not a schedule, unknown target, or an option the target does not take.
+        InitError: meta tensors remain and ``init_weights`` does not say how to fill them.
+    """
+    if not isinstance(sch, Schedule):
+        raise BuildError(f"expected a Schedule, got {type(sch).__name__}", call="build",
+                         hint="pass the object returned by slapo.create_schedule(model)")
+    dialect = get_dialect(target)
+    unknown = sorted(set(kwargs) - set(dialect.options))
+    if unknown:
+        raise BuildError(
+            f"target '{dialect.name}' does not take option(s) {', '.join(unknown)}",
+            call="build", hint=f"its options are: {', '.join(dialect.options) or 'none'}",
+        )
+    model = materialize(sch.mod, init_weights, device=device)
+    return dialect.build(sch, model, **kwargs)

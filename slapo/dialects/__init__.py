@@ -1,0 +1,9 @@
+"""Runtime dialects: how a built model is handed to a training runtime (``build(target=...)``).
+
+Registered explicitly: ``torch`` (plain PyTorch, the default). Framework imports are lazy.
+"""
+
+from . import torch_native  # noqa: F401  (register)
+from .registry import Dialect, get_dialect, list_dialects, register_dialect
+
+__all__ = ["Dialect", "register_dialect", "get_dialect", "list_dialects"]

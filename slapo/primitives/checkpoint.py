@@ -1,0 +1,66 @@
+"""``checkpoint``: activation checkpointing of a module (or of a traced subgraph)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+
+from ..activation_checkpoint import checkpoint as rng_exact_checkpoint
+from ..errors import CheckpointError
+from ..forward_wrap import has_forward_wrapper, install_forward_wrapper
+from .module_checks import format_call
+from .registry import Primitive, register_primitive
+
+__all__ = ["Checkpoint", "checkpoint_forward"]
+
+
+def _is_kv_cache(value: Any) -> bool:
+    return type(value).__module__.startswith("transformers.cache_utils")
+
+
+def checkpoint_forward(inner: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Forward wrapper: run ``inner`` under RNG-exact activation checkpointing."""
+    if torch.is_grad_enabled() and any(_is_kv_cache(v) for v in (*args, *kwargs.values())):
+        owner = getattr(getattr(inner, "args", (None,))[0], "__class__", type(None)).__name__
+        raise CheckpointError(
+            "a checkpointed module was called with a KV cache; recomputing it in backward "
+            "would append to the cache a second time",
+            call="checkpoint()", path=None, hint=f"train with use_cache=False (e.g. "
+            f"model.config.use_cache = False) when checkpointing {owner} layers",
+        )
+    return rng_exact_checkpoint(inner, *args, **kwargs)
+
+
+@register_primitive
+class Checkpoint(Primitive):
+    name = "checkpoint"
+
+    @staticmethod
+    def apply(sch, subgraph: Optional[Any] = None) -> None:
+        """Recompute this module's activations in backward instead of storing them.
+
+        Whole module (``subgraph=None``): the module's forward runs under
+        :func:`slapo.checkpoint` (non-reentrant ``torch.utils.checkpoint`` that also restores
+        slapo's RNG streams), so positional and keyword arguments both work and dropout draws
+        the same masks when recomputed. The module stays where it is: paths, hooks and
+        ``state_dict`` keys are unchanged. Subgraph form (on a traced module): the subgraph is
+        moved into a new submodule that is checkpointed; see :mod:`slapo.tracer`.
+
+        Before: activations of the module are kept for backward. After: only its inputs are.
+
+        Raises:
+            CheckpointError: the module is already checkpointed.
+        """
+        if subgraph is not None:
+            from .subgraph_replace import checkpoint_subgraph  # provided with trace-by-need
+
+            return checkpoint_subgraph(sch, subgraph)
+        call = format_call("checkpoint")
+        if has_forward_wrapper(sch.mod, "checkpoint"):
+            raise CheckpointError("the module is already checkpointed", path=sch.path,
+                                  call=call, module=sch.mod,
+                                  hint="call checkpoint() once per module")
+        install_forward_wrapper(sch.mod, "checkpoint", checkpoint_forward)
+        sch.metadata["checkpoint"] = True
+        return None

@@ -1,0 +1,135 @@
+"""Tiny reference models for tests and docs, built from configs (no downloads).
+
+``tiny_model("bert")`` returns a small, seeded HuggingFace model of the family; ``example_inputs``
+returns matching keyword inputs (with labels, so the output has a ``loss``). ``MLP`` is a plain
+PyTorch model for the simplest examples.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict
+
+import torch
+from torch import nn
+
+__all__ = ["FAMILIES", "tiny_config", "tiny_model", "example_inputs", "MLP", "seeded"]
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+FAMILIES = ("bert", "roberta", "albert", "gpt2", "gpt_neo", "opt", "t5", "llama")
+
+# Small but structurally complete: >1 layer, >1 head, hidden divisible by 2 and 4 (TP tests).
+_COMMON_DROPOUT = 0.0
+
+
+def tiny_config(family: str, **overrides: Any):
+    """A small HF config of ``family`` (see ``FAMILIES``); keyword overrides win."""
+    import transformers as tf
+
+    h, heads, layers, vocab, ffn = 32, 4, 2, 128, 64
+    d = _COMMON_DROPOUT
+    if family in ("bert", "roberta"):
+        cls = tf.BertConfig if family == "bert" else tf.RobertaConfig
+        kw = dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers,
+                  num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=64,
+                  hidden_dropout_prob=d, attention_probs_dropout_prob=d)
+        if family == "roberta":
+            kw.update(pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    elif family == "albert":
+        cls = tf.AlbertConfig
+        kw = dict(vocab_size=vocab, embedding_size=16, hidden_size=h, num_hidden_layers=layers,
+                  num_attention_heads=heads, intermediate_size=ffn, max_position_embeddings=64,
+                  hidden_dropout_prob=d, attention_probs_dropout_prob=d, classifier_dropout_prob=d)
+    elif family == "gpt2":
+        cls = tf.GPT2Config
+        kw = dict(vocab_size=vocab, n_embd=h, n_layer=layers, n_head=heads, n_positions=64,
+                  n_inner=ffn, resid_pdrop=d, embd_pdrop=d, attn_pdrop=d,
+                  bos_token_id=0, eos_token_id=0)
+    elif family == "gpt_neo":
+        cls = tf.GPTNeoConfig
+        kw = dict(vocab_size=vocab, hidden_size=h, num_layers=layers, num_heads=heads,
+                  attention_types=[[["global", "local"], layers // 2]], window_size=4,
+                  intermediate_size=ffn, max_position_embeddings=64, resid_dropout=d,
+                  embed_dropout=d, attention_dropout=d, bos_token_id=0, eos_token_id=0)
+    elif family == "opt":
+        cls = tf.OPTConfig
+        kw = dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers,
+                  num_attention_heads=heads, ffn_dim=ffn, max_position_embeddings=64,
+                  word_embed_proj_dim=h, dropout=d, attention_dropout=d, activation_dropout=d,
+                  pad_token_id=1, bos_token_id=0, eos_token_id=2)
+    elif family == "t5":
+        cls = tf.T5Config
+        kw = dict(vocab_size=vocab, d_model=h, d_kv=h // heads, d_ff=ffn, num_layers=layers,
+                  num_decoder_layers=layers, num_heads=heads, dropout_rate=d,
+                  relative_attention_num_buckets=8, decoder_start_token_id=0, pad_token_id=0)
+    elif family == "llama":
+        cls = tf.LlamaConfig
+        kw = dict(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=2, intermediate_size=ffn,
+                  max_position_embeddings=64, attention_dropout=d,
+                  bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    else:
+        raise ValueError(f"unknown family {family!r}; choose from {FAMILIES}")
+    kw.update(overrides)
+    return cls(**kw)
+
+
+_MODEL_CLASS = {
+    "bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "albert": "AlbertForMaskedLM",
+    "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "opt": "OPTForCausalLM",
+    "t5": "T5ForConditionalGeneration", "llama": "LlamaForCausalLM",
+}
+
+
+class seeded:
+    """Context manager: ``torch.manual_seed(seed)`` inside, the previous RNG state restored after."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def __enter__(self):
+        self.state = torch.get_rng_state()
+        torch.manual_seed(self.seed)
+
+    def __exit__(self, *exc):
+        torch.set_rng_state(self.state)
+
+
+def tiny_model(family: str, seed: int = 0, **overrides: Any) -> nn.Module:
+    """A seeded tiny HF model of ``family`` in train mode (same seed -> same weights)."""
+    import transformers as tf
+
+    config = tiny_config(family, **overrides)
+    with seeded(seed):
+        model = getattr(tf, _MODEL_CLASS[family])(config)
+    return model.train()
+
+
+def example_inputs(family: str, batch: int = 2, seq: int = 8, seed: int = 0,
+                   vocab: int = 128) -> Dict[str, torch.Tensor]:
+    """Seeded keyword inputs (with ``labels``) for a tiny model of ``family``."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    mask[0, -2:] = 0  # some padding, so masks matter
+    inputs: Dict[str, torch.Tensor] = {"input_ids": ids, "attention_mask": mask}
+    if family == "t5":
+        inputs["labels"] = torch.randint(3, vocab, (batch, max(2, seq // 2)), generator=g)
+    else:
+        inputs["labels"] = ids.clone()
+    return inputs
+
+
+class MLP(nn.Module):
+    """``fc2(act(fc1(x)))`` with an optional dropout, the smallest schedulable model."""
+
+    def __init__(self, hidden: int = 16, ffn: int = 32, dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(hidden, ffn)
+        self.act = nn.GELU()
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(ffn, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.drop(self.act(self.fc1(x))))
