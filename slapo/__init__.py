@@ -36,11 +36,13 @@ from .init import init_empty_weights
 from .primitives.registry import Primitive, list_primitives, register_primitive
 from .rng import get_rng_tracker, is_random_seed_set, set_random_seed
 from .schedule import Schedule, create_schedule
+from .explain import explain
+from .verify import Verify, VerifyReport, verify
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "create_schedule", "Schedule", "build",
+    "create_schedule", "Schedule", "build", "verify", "Verify", "VerifyReport", "explain",
     "Primitive", "register_primitive", "list_primitives",
     "History", "HistoryEntry", "Deferred",
     "checkpoint", "init_empty_weights",

@@ -11,6 +11,7 @@ every top-level primitive call is recorded in the root's :class:`~slapo.history.
 
 from __future__ import annotations
 
+import copy
 import difflib
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 
@@ -62,6 +63,7 @@ class Schedule:
         self._depth = 0  # nesting level of primitive calls (root only)
         self._history: Optional[History] = History() if parent is None else None
         self._param_tags: set = set()  # used on the root only
+        self.original: Optional[nn.Module] = None  # see create_schedule(keep_original=True)
 
     # ------------------------------------------------------------------ tree structure
     @property
@@ -245,7 +247,7 @@ class Schedule:
 
 
 # Instance attributes of Schedule (set in __init__), which a primitive must not shadow.
-_INSTANCE_ATTRS = {"mod", "name", "path", "parent", "group", "metadata"}
+_INSTANCE_ATTRS = {"mod", "name", "path", "parent", "group", "metadata", "original"}
 
 
 def _bind_primitive(cls: Type[Primitive]) -> None:
@@ -268,15 +270,23 @@ def _bind_primitive(cls: Type[Primitive]) -> None:
 on_register(_bind_primitive)
 
 
-def create_schedule(model: nn.Module, group: Optional[dist.ProcessGroup] = None) -> Schedule:
+def create_schedule(
+    model: nn.Module, group: Optional[dist.ProcessGroup] = None, *, keep_original: bool = False
+) -> Schedule:
     """Create the schedule of ``model``; the model itself is not modified until primitives run.
 
     Args:
         model: any ``nn.Module`` (e.g. a HuggingFace model built from a config).
         group: the tensor-parallel process group used by ``shard``/``sync`` (default: the whole
             world when torch.distributed is initialised, else a single process).
+        keep_original: keep a deep copy of the unscheduled model as ``sch.original``, the
+            default reference of ``slapo.verify`` (costs one copy of the weights; free for models
+            on the meta device).
     """
-    return Schedule(model, group=group)
+    sch = Schedule(model, group=group)
+    if keep_original:
+        sch.original = copy.deepcopy(model)
+    return sch
 
 
 def paths_of(sch: Schedule) -> List[str]:

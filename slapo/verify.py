@@ -1,0 +1,348 @@
+"""Numerical verification of a schedule against the original model: outputs, gradients of every
+original parameter, parameters after optimizer steps, and the first diverging module.
+
+::
+
+    sch = slapo.create_schedule(model, keep_original=True)
+    ... primitives ...
+    report = slapo.verify(sch, example_inputs)            # raises VerifyError on a mismatch
+
+    with slapo.Verify(sch, example_inputs):               # verifies the block's primitives
+        sch["encoder.layer.0.attention.self.query"].shard("weight", axis=0)
+
+Both models run on every rank from the same weights and inputs (the inputs and the original's
+weights are broadcast from the group's first rank). Sharded outputs, parameters and gradients are
+gathered (from their ``ShardSpec``, or for activations from the one dimension that is
+``world_size`` times smaller) and compared with the original's. ``dtype=torch.float64`` removes
+float noise: a mismatch there is a real bug. On a mismatch the report names the first module, in
+execution order, whose output differs.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .errors import VerifyError
+from .schedule import Schedule
+from .testing.compare import outputs_of
+from .verify_tools import (
+    Difference,
+    OutputRecorder,
+    compare,
+    default_tolerances,
+    first_tensor,
+    to_full,
+)
+
+__all__ = ["verify", "Verify", "VerifyReport"]
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    """What ``verify`` compared and what differed (on this rank)."""
+
+    rank: int = 0
+    outputs: Dict[str, Difference] = dataclasses.field(default_factory=dict)
+    grads: Dict[str, Difference] = dataclasses.field(default_factory=dict)
+    params_after_step: Dict[str, Difference] = dataclasses.field(default_factory=dict)
+    first_divergence: Optional[Tuple[str, Difference]] = None
+    unmatched: List[str] = dataclasses.field(default_factory=list)
+    ok: bool = True
+
+    def failures(self) -> List[str]:
+        out = [f"output '{k}' differs ({d})" for k, d in self.outputs.items() if not d.ok]
+        bad = [(k, d) for k, d in self.grads.items() if not d.ok]
+        if bad:
+            shown = "; ".join(f"'{k}' ({d})" for k, d in bad[:4])
+            out.append(f"gradients of {len(bad)} parameter(s) differ: {shown}"
+                       + (" ..." if len(bad) > 4 else ""))
+        bad = [(k, d) for k, d in self.params_after_step.items() if not d.ok]
+        if bad:
+            out.append(f"{len(bad)} parameter(s) differ after optimizer steps, first "
+                       f"'{bad[0][0]}' ({bad[0][1]})")
+        return out
+
+    def __str__(self) -> str:
+        head = f"rank {self.rank}: " + ("verification passed" if self.ok else "verification failed")
+        lines = [head, f"  compared {len(self.outputs)} outputs, {len(self.grads)} gradients, "
+                       f"{len(self.params_after_step)} parameters after steps"]
+        lines += [f"  {f}" for f in self.failures()]
+        if self.first_divergence is not None:
+            path, d = self.first_divergence
+            lines.append(f"  first divergence at '{path}' ({d})")
+        if self.unmatched:
+            lines.append(f"  not compared (no parameter of that name after scheduling): "
+                         f"{', '.join(self.unmatched[:6])}" + (" ..." if len(self.unmatched) > 6
+                                                               else ""))
+        return "\n".join(lines)
+
+
+def _src_rank(group) -> int:
+    return dist.get_global_rank(group, 0) if group is not None else 0
+
+
+def _distributed(group) -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def _map_tensors(value: Any, fn) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    return value
+
+
+def _broadcast_(t: torch.Tensor, group) -> torch.Tensor:
+    t = t.detach().clone().contiguous()
+    dist.broadcast(t, _src_rank(group), group=group)
+    return t
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+
+
+def _backward_scalar(out: Any, ref_out: Any, group) -> torch.Tensor:
+    """The scalar to differentiate: the loss if the model returns one, else a fixed random
+    projection of the first output; a partitioned output gets its slice of the projection, so
+    the ranks' losses add up to the original's."""
+    loss = getattr(out, "loss", None)
+    if loss is not None:
+        return loss
+    t, ref = first_tensor(out), first_tensor(ref_out)
+    g = torch.Generator().manual_seed(1234)
+    w = torch.randn(ref.shape, generator=g, dtype=torch.float64).to(t.device, t.dtype)
+    if tuple(t.shape) != tuple(ref.shape) and _distributed(group):
+        axis = [i for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if a != b][0]
+        n = t.shape[axis]
+        w = w.narrow(axis, dist.get_rank(group) * n, n)
+    return (t * w).sum()
+
+
+class _SavedState:
+    """Parameters, buffers, gradients, dtypes and train flag of a model, restored on exit."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.training = model.training
+        self.tensors = [(t, t.data.clone(), t.grad) for t in
+                        list(model.parameters()) + list(model.buffers())]
+
+    def restore(self) -> None:
+        for t, data, grad in self.tensors:
+            t.data = data
+            if isinstance(t, nn.Parameter):
+                t.grad = grad
+        self.model.train(self.training)
+
+
+def verify(
+    sch: Schedule,
+    example_inputs: Any,
+    *,
+    reference: Optional[nn.Module] = None,
+    check_grads: bool = True,
+    dtype: Optional[torch.dtype] = None,
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+    steps: int = 1,
+    lr: float = 0.1,
+    eval_mode: bool = True,
+    seed: int = 2023,
+    localize: bool = True,
+    raise_on_mismatch: bool = True,
+) -> VerifyReport:
+    """Compare the scheduled model with the original on ``example_inputs``.
+
+    Args:
+        sch: the schedule (its root model is verified).
+        example_inputs: a dict of keyword inputs or a tuple of positional inputs.
+        reference: the original, unscheduled model; defaults to the copy kept by
+            ``create_schedule(model, keep_original=True)`` or by a ``Verify`` block. It is
+            copied, never modified.
+        check_grads: also compare the gradient of every original parameter.
+        dtype: run both models in this dtype (``torch.float64`` removes float noise).
+        rtol, atol: tolerances (default by dtype: see ``verify_tools.default_tolerances``).
+        steps: with ``steps > 1``, take that many SGD(``lr``) steps and compare parameters too.
+        eval_mode: run in eval mode (no dropout); in train mode, dropout masks must match, which
+            holds only outside ``fork_rng`` regions.
+        localize: record module outputs to name the first diverging module on a mismatch.
+        raise_on_mismatch: raise :class:`VerifyError` (else just return the report).
+
+    The scheduled model's weights, gradients, dtypes and mode are restored afterwards.
+    """
+    root = sch.root
+    group = root.group
+    ref_src = reference if reference is not None else getattr(root, "original", None)
+    if ref_src is None:
+        raise VerifyError("no original model to compare with", call="verify",
+                          hint="pass reference=<unscheduled model>, create the schedule with "
+                          "create_schedule(model, keep_original=True), or use a Verify block")
+    ref_model = copy.deepcopy(ref_src)
+    model = root.mod
+    if any(t.is_meta for t in list(model.parameters()) + list(ref_model.parameters())):
+        raise VerifyError("the model still has weights on the meta device", call="verify",
+                          hint="materialise it first: model, _ = slapo.build(sch, "
+                          "init_weights=...)")
+    distributed = _distributed(group)
+    if distributed:
+        example_inputs = _map_tensors(example_inputs, lambda t: _broadcast_(t, group))
+        for t in list(ref_model.parameters()) + list(ref_model.buffers()):
+            t.data = _broadcast_(t.data, group)
+    saved = _SavedState(model)
+    try:
+        report = _run(ref_model, model, example_inputs, group, check_grads, dtype, rtol, atol,
+                      steps, lr, eval_mode, seed, localize)
+    finally:
+        saved.restore()
+    report.rank = dist.get_rank() if dist.is_initialized() else 0
+    ok = torch.tensor([1 if report.ok else 0])
+    if distributed:
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+    if raise_on_mismatch and not bool(ok.item()):
+        if report.ok:
+            raise VerifyError("verification failed on another rank (this rank matched)",
+                              call="verify", hint="see that rank's error for the details")
+        raise VerifyError(str(report), call="verify", hint=_hint(report, dtype))
+    return report
+
+
+def _hint(report: VerifyReport, dtype: Optional[torch.dtype]) -> str:
+    if report.first_divergence is not None:
+        return (f"inspect the schedule of '{report.first_divergence[0]}' (print(sch) shows what "
+                "changed there)")
+    if dtype != torch.float64:
+        return "re-run with dtype=torch.float64: a mismatch that persists is a real bug"
+    return "check the syncs of sharded modules (slapo.explain(sch))"
+
+
+def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps, lr, eval_mode,
+         seed, localize) -> VerifyReport:
+    if dtype is not None:
+        ref_model.to(dtype)
+        model.to(dtype)
+        inputs = _map_tensors(inputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
+    run_dtype = dtype or next(ref_model.parameters()).dtype
+    d_rtol, d_atol = default_tolerances(run_dtype)
+    rtol = d_rtol if rtol is None else rtol
+    atol = d_atol if atol is None else atol
+    ref_model.train(not eval_mode)
+    model.train(not eval_mode)
+    sch_params = dict(model.named_parameters())
+    report = VerifyReport()
+    report.unmatched = [n for n, _ in ref_model.named_parameters() if n not in sch_params]
+    opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in (ref_model, model)]
+    for step in range(steps):
+        recorders = [OutputRecorder(m) for m in (ref_model, model)] if localize and step == 0 \
+            else None
+        for m in (ref_model, model):
+            m.zero_grad(set_to_none=True)
+        torch.manual_seed(seed + step)
+        ref_out = _call(ref_model, inputs)
+        torch.manual_seed(seed + step)
+        out = _call(model, inputs)
+        if recorders is not None:
+            for r in recorders:
+                r.remove()
+        if step == 0:
+            ref_t, sch_t = outputs_of(ref_out), outputs_of(out)
+            for k, t in ref_t.items():
+                mine = sch_t.get(k)
+                report.outputs[k] = (compare(to_full(mine, group, like=t), t, rtol, atol)
+                                     if mine is not None else
+                                     Difference(float("inf"), float("inf"), False, "missing"))
+        if check_grads or steps > 1:
+            _backward_scalar(ref_out, ref_out, None).backward()
+            _backward_scalar(out, ref_out, group).backward()
+            _reduce_replicated_grads(model, group)
+        if check_grads and step == 0:
+            for name, p in ref_model.named_parameters():
+                q = sch_params.get(name)
+                if p.grad is None or q is None:
+                    continue
+                if q.grad is None:
+                    report.grads[name] = Difference(float("inf"), float("inf"), False, "no grad")
+                    continue
+                report.grads[name] = compare(to_full(q.grad, group, p.grad, param=q), p.grad,
+                                             rtol, atol)
+        if steps > 1:
+            for o in opts:
+                o.step()
+            for name, p in ref_model.named_parameters():
+                q = sch_params.get(name)
+                if q is not None:
+                    report.params_after_step[name] = compare(
+                        to_full(q.data, group, p.data, param=q), p.data, rtol, atol)
+        if recorders is not None:
+            report.first_divergence = _first_divergence(*recorders, group, rtol, atol)
+    report.ok = not report.failures()
+    if report.ok:
+        report.first_divergence = None
+    return report
+
+
+def _reduce_replicated_grads(model: nn.Module, group) -> None:
+    """Sum gradients of parameters tagged ``replicated_param`` (sequence parallelism) over TP."""
+    if not _distributed(group):
+        return
+    for p in model.parameters():
+        if getattr(p, "replicated_param", False) and p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+
+
+def _first_divergence(ref_rec: OutputRecorder, sch_rec: OutputRecorder, group, rtol, atol):
+    """The first module (in the scheduled model's finishing order) whose output differs.
+
+    Every rank makes the same sequence of gathers (same structure), then decides locally.
+    """
+    ref = ref_rec.by_key()
+    first = None
+    for path, n, t in sch_rec.records:
+        expected = ref.get((path, n))
+        if expected is None:
+            continue
+        diff = compare(to_full(t, group, like=expected), expected, rtol, atol)
+        if first is None and not diff.ok:
+            first = (path, diff)
+    return first
+
+
+class Verify:
+    """Context manager: verify the primitives applied inside the block on exit.
+
+    The model is copied on entry (the original for the comparison), so the block's primitives
+    are verified against the state before it. Keyword arguments are those of :func:`verify`.
+    Nothing is verified when the block raises, or with ``enable=False``.
+    """
+
+    def __init__(self, sch: Schedule, example_inputs: Any, *, enable: bool = True, **kwargs: Any):
+        self.sch = sch
+        self.example_inputs = example_inputs
+        self.enable = enable
+        self.kwargs = kwargs
+        self.report: Optional[VerifyReport] = None
+
+    def __enter__(self) -> "Verify":
+        if self.enable:
+            try:
+                self.snapshot = copy.deepcopy(self.sch.root.mod)
+            except Exception as e:  # noqa: BLE001 - e.g. objects that cannot be copied
+                raise VerifyError(f"cannot copy the model to keep the original ({e})",
+                                  call="Verify", hint="call slapo.verify(sch, inputs, "
+                                  "reference=<unscheduled model>) after the primitives") from e
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.enable and exc_type is None:
+            self.report = verify(self.sch, self.example_inputs, reference=self.snapshot,
+                                 **self.kwargs)
+        return False

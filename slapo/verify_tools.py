@@ -1,0 +1,157 @@
+"""Building blocks of numerical verification: tolerances, tensor comparison, gathering shards,
+and recording every module's output to find the first divergence."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .sharding.spec import get_shard_spec
+
+__all__ = [
+    "default_tolerances",
+    "Difference",
+    "compare",
+    "gather_shards",
+    "to_full",
+    "OutputRecorder",
+    "first_tensor",
+]
+
+_TOLERANCES = {
+    torch.float64: (1e-9, 1e-10),
+    torch.float32: (1e-4, 1e-5),
+    torch.float16: (1e-2, 1e-3),
+    torch.bfloat16: (2e-2, 1e-2),
+}
+
+
+def default_tolerances(dtype: torch.dtype) -> Tuple[float, float]:
+    """``(rtol, atol)`` for comparing a scheduled model against the original in ``dtype``.
+
+    Looser than ``torch.testing`` defaults for fp32: tensor parallelism reorders reductions.
+    """
+    return _TOLERANCES.get(dtype, (1e-4, 1e-5))
+
+
+@dataclasses.dataclass
+class Difference:
+    """How two tensors differ: max absolute error, max relative error, and whether within
+    tolerance (``|a - b| <= atol + rtol * |b|`` elementwise)."""
+
+    max_abs: float
+    max_rel: float
+    ok: bool
+    note: str = ""
+
+    def __str__(self) -> str:
+        if self.note:
+            return self.note
+        return f"max abs {self.max_abs:.2e}, max rel {self.max_rel:.2e}"
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> Difference:
+    """Compare two tensors (shapes must agree; a shape mismatch is a difference)."""
+    if tuple(actual.shape) != tuple(expected.shape):
+        return Difference(float("inf"), float("inf"), False,
+                          f"shape {list(actual.shape)} instead of {list(expected.shape)}")
+    if actual.numel() == 0:
+        return Difference(0.0, 0.0, True)
+    a = actual.detach().to(torch.float64)
+    b = expected.detach().to(torch.float64).to(a.device)
+    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+        same_nonfinite = torch.equal(torch.isnan(a), torch.isnan(b))
+        finite = torch.isfinite(a) & torch.isfinite(b)
+        a, b = a[finite], b[finite]
+        if not same_nonfinite:
+            return Difference(float("nan"), float("nan"), False, "NaN/inf in different places")
+        if a.numel() == 0:
+            return Difference(0.0, 0.0, True)
+    diff = (a - b).abs()
+    max_abs = diff.max().item()
+    max_rel = (diff / b.abs().clamp_min(1e-12)).max().item()
+    ok = bool((diff <= atol + rtol * b.abs()).all())
+    return Difference(max_abs, max_rel, ok)
+
+
+def gather_shards(local: torch.Tensor, axis: int, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
+    """Concatenate the equal-sized ``local`` chunks of every rank of ``group`` along ``axis``."""
+    world = dist.get_world_size(group)
+    parts = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(parts, local.detach().contiguous(), group=group)
+    return torch.cat(parts, dim=axis)
+
+
+def to_full(t: torch.Tensor, group: Optional[dist.ProcessGroup], like: torch.Tensor,
+            param: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The full (unsharded) version of ``t``, a parameter's value or gradient.
+
+    Uses the parameter's ``ShardSpec`` when it has one; otherwise, when ``t``'s shape differs from
+    the reference ``like`` in exactly one dimension by the group size, gathers along it (an
+    activation partitioned by tensor parallelism). Otherwise ``t`` is returned as is.
+    """
+    spec = get_shard_spec(param if param is not None else t)
+    distributed = dist.is_available() and dist.is_initialized()
+    if spec is not None and spec.world_size > 1:
+        if not distributed:
+            return t
+        return gather_shards(t, spec.axis, group)
+    if not distributed or tuple(t.shape) == tuple(like.shape) or t.dim() != like.dim():
+        return t
+    world = dist.get_world_size(group)
+    axes = [i for i, (a, b) in enumerate(zip(t.shape, like.shape)) if a != b]
+    if len(axes) == 1 and t.shape[axes[0]] * world == like.shape[axes[0]]:
+        return gather_shards(t, axes[0], group)
+    return t
+
+
+def first_tensor(value: Any) -> Optional[torch.Tensor]:
+    """The first tensor in a (nested) module output, or None."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            t = first_tensor(v)
+            if t is not None:
+                return t
+    return None
+
+
+class OutputRecorder:
+    """Records the first tensor output of every module call, keyed by path, in finishing order.
+
+    Forward hooks finish children before parents, so the first differing record in this order
+    is the innermost module where the outputs start to differ.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.records: List[Tuple[str, int, torch.Tensor]] = []
+        self._calls: Dict[str, int] = {}
+        self._handles = []
+        for path, mod in model.named_modules(remove_duplicate=False):
+            self._handles.append(mod.register_forward_hook(self._hook(path or "<root>")))
+
+    def _hook(self, path: str):
+        def hook(mod, args, out):
+            t = first_tensor(out)
+            if t is None:
+                return
+            n = self._calls.get(path, 0)
+            self._calls[path] = n + 1
+            self.records.append((path, n, t.detach().clone()))
+
+        return hook
+
+    def by_key(self) -> Dict[Tuple[str, int], torch.Tensor]:
+        return {(p, n): t for p, n, t in self.records}
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()

@@ -1,0 +1,81 @@
+import pytest
+import torch
+from torch import nn
+
+import slapo
+from slapo.testing import MLP, example_inputs, tiny_model
+
+ACT = "bert.encoder.layer.0.intermediate.intermediate_act_fn"
+
+
+def test_correct_schedule_passes_fp32_and_fp64():
+    sch = slapo.create_schedule(tiny_model("bert"), keep_original=True)
+    sch[ACT].replace(nn.GELU())
+    sch["bert.encoder.layer.1"].checkpoint()
+    report = slapo.verify(sch, example_inputs("bert"))
+    assert report.ok and "loss" in report.outputs and "logits" in report.outputs
+    assert set(report.grads) == {n for n, _ in sch.original.named_parameters()}
+    assert all(d.ok for d in report.grads.values())
+    assert slapo.verify(sch, example_inputs("bert"), dtype=torch.float64, steps=2).ok
+
+
+def test_wrong_replacement_is_localised():
+    sch = slapo.create_schedule(tiny_model("bert"), keep_original=True)
+    sch[ACT].replace(nn.GELU(approximate="tanh"))  # close, but not the same function
+    with pytest.raises(slapo.VerifyError) as info:
+        slapo.verify(sch, example_inputs("bert"), dtype=torch.float64)
+    msg = str(info.value)
+    assert f"first divergence at '{ACT}'" in msg
+    assert "output 'logits' differs" in msg and "gradients of" in msg
+
+
+def test_verify_restores_the_model():
+    model = MLP()
+    sch = slapo.create_schedule(model, keep_original=True)
+    sch["act"].replace(nn.ReLU())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model.train()
+    report = slapo.verify(sch, (torch.randn(4, 16),), steps=3, dtype=torch.float64,
+                          raise_on_mismatch=False)
+    assert not report.ok and report.first_divergence[0] == "act"
+    assert report.params_after_step  # steps > 1 compares parameters
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) and after[k].dtype == before[k].dtype
+               for k in before)
+    assert model.training and model.fc1.weight.grad is None
+
+
+def test_verify_context_manager():
+    sch = slapo.create_schedule(tiny_model("gpt2"))
+    inputs = example_inputs("gpt2")
+    with slapo.Verify(sch, inputs) as v:
+        sch["transformer.h.0.mlp.act"].replace(nn.GELU(approximate="tanh"))
+    assert v.report.ok
+    with pytest.raises(slapo.VerifyError, match="first divergence at 'transformer.h.1.mlp.act'"):
+        with slapo.Verify(sch, inputs):
+            sch["transformer.h.1.mlp.act"].replace(nn.ReLU())
+    with slapo.Verify(sch, inputs, enable=False):
+        sch["transformer.h.1.mlp.act"].replace(nn.SiLU())  # not verified
+
+
+def test_verify_needs_a_reference_and_real_weights():
+    sch = slapo.create_schedule(MLP())
+    with pytest.raises(slapo.VerifyError, match="no original model.*keep_original=True"):
+        slapo.verify(sch, (torch.randn(2, 16),))
+    with slapo.init_empty_weights():
+        meta = MLP()
+    with pytest.raises(slapo.VerifyError, match="meta device.*Hint: materialise"):
+        slapo.verify(slapo.create_schedule(meta), (torch.randn(2, 16),), reference=meta)
+
+
+def test_explain_lists_changes():
+    sch = slapo.create_schedule(tiny_model("bert"))
+    assert "nothing scheduled" in slapo.explain(sch)
+    sch[ACT].replace(nn.GELU())
+    sch["bert.encoder.layer.1"].checkpoint()
+    sch["bert.encoder.layer.0.output.LayerNorm"].annotate("weight", "replicated_param", True)
+    text = str(sch)
+    assert text.splitlines()[0].startswith("BertForMaskedLM: 3 of ")
+    assert f"  {ACT} (GELU): replaced GELUActivation -> GELU" in text
+    assert "  bert.encoder.layer.1 (BertLayer): checkpointed" in text
+    assert "annotate weight.replicated_param=True" in text
