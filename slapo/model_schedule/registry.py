@@ -1,0 +1,75 @@
+"""Registry of per-model schedules and ``apply_schedule``.
+
+A model schedule is a short recipe ``recipe(sch, model_config, cfg, **extra) -> None`` that
+applies primitives to a freshly created schedule. Recipes are registered explicitly with
+``@register_model_schedule("bert", extra_knobs=(...))`` and imported in
+``slapo/model_schedule/__init__.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Sequence, Tuple
+
+from torch import nn
+
+from ..errors import ConfigError, RegistryError
+from ..schedule import Schedule, create_schedule
+from .config import ScheduleConfig, make_config
+
+__all__ = ["register_model_schedule", "apply_schedule", "list_model_schedules"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    recipe: Callable[..., None]
+    extra_knobs: Tuple[str, ...]
+
+
+_SCHEDULES: Dict[str, _Entry] = {}
+
+
+def register_model_schedule(name: str, extra_knobs: Sequence[str] = ()):
+    """Decorator registering ``recipe`` under ``name`` (with its family-specific knobs)."""
+
+    def deco(recipe: Callable[..., None]) -> Callable[..., None]:
+        if name in _SCHEDULES and _SCHEDULES[name].recipe is not recipe:
+            raise RegistryError(f"a model schedule named '{name}' is already registered",
+                                hint="choose another name")
+        _SCHEDULES[name] = _Entry(recipe, tuple(extra_knobs))
+        return recipe
+
+    return deco
+
+
+def list_model_schedules() -> list:
+    """Names of the registered model schedules."""
+    return sorted(_SCHEDULES)
+
+
+def apply_schedule(model: nn.Module, name: str, model_config: Any = None,
+                   **knobs: Any) -> Schedule:
+    """Schedule ``model`` with the recipe ``name`` and return the schedule (build it next).
+
+    Args:
+        model: the unmodified model (e.g. ``transformers.BertForMaskedLM(config)``).
+        name: the recipe (``list_model_schedules()``).
+        model_config: the model's config (default: ``model.config``).
+        **knobs: ``ScheduleConfig`` fields plus the recipe's own knobs; anything else is an error.
+
+    Raises:
+        ConfigError: unknown recipe or knob, or an invalid knob value.
+    """
+    if name not in _SCHEDULES:
+        raise ConfigError(f"no model schedule named {name!r}", call="apply_schedule",
+                          hint=f"registered: {', '.join(list_model_schedules()) or 'none'}")
+    entry = _SCHEDULES[name]
+    cfg, extra = make_config(knobs, entry.extra_knobs)
+    model_config = model_config if model_config is not None else getattr(model, "config", None)
+    if cfg.dtype != "fp32":
+        model = model.to(cfg.torch_dtype)
+    sch = create_schedule(model, group=cfg.group)
+    entry.recipe(sch, model_config, cfg, **extra)
+    return sch
+
+
