@@ -33,6 +33,7 @@ __all__ = [
     "CheckpointIOError",
     "VerifyError",
     "ConfigError",
+    "OpError",
     "describe_module",
 ]
 
@@ -162,3 +163,8 @@ class VerifyError(SlapoError, AssertionError):
 
 class ConfigError(SlapoError, ValueError):
     """An invalid configuration value (knobs, benchmark configs ...)."""
+
+
+class OpError(SlapoError, ValueError):
+    """An op of :mod:`slapo.op` was built or called with invalid arguments (head counts that do
+    not divide, an attention kernel that cannot run on this device or with these inputs ...)."""

@@ -1,0 +1,50 @@
+"""The op library: fast implementations of common model pieces, each with an eager reference.
+
+Attention (``attention``, ``AttentionOp``, ``SelfAttention``, HF adapters via
+``attention_from_hf``), fused element-wise ops (``bias_gelu``, ``bias_dropout_residual`` ...),
+MLPs (``MLP``, ``GatedMLP``, ``mlp_from_hf``). Used with ``sch[path].replace(...)``.
+"""
+
+from .attention import (
+    BACKENDS,
+    AttentionOp,
+    attention,
+    attention_reference,
+    padding_mask,
+    repeat_kv,
+)
+from .fused import (
+    FusedBiasDropoutResidual,
+    FusedBiasGeLU,
+    LinearBiasGeLU,
+    bias_dropout_residual,
+    bias_dropout_residual_layer_norm,
+    bias_dropout_residual_layer_norm_reference,
+    bias_dropout_residual_reference,
+    bias_gelu,
+    bias_gelu_reference,
+)
+from .hf_attention import (
+    HFAlbertAttention,
+    HFBertSelfAttention,
+    HFGPT2Attention,
+    HFGPTNeoSelfAttention,
+    HFLlamaAttention,
+    HFOPTAttention,
+    attention_from_hf,
+)
+from .hf_t5_attention import HFT5Attention
+from .mlp import MLP, DenseActivation, GatedMLP, mlp_from_hf
+from .self_attention import SelfAttention, apply_rotary, fuse_qkv, split_qkv
+
+__all__ = [
+    "BACKENDS", "attention", "attention_reference", "AttentionOp", "padding_mask", "repeat_kv",
+    "SelfAttention", "fuse_qkv", "split_qkv", "apply_rotary",
+    "attention_from_hf", "HFBertSelfAttention", "HFAlbertAttention", "HFGPT2Attention",
+    "HFGPTNeoSelfAttention", "HFOPTAttention", "HFLlamaAttention", "HFT5Attention",
+    "bias_gelu", "bias_gelu_reference", "bias_dropout_residual",
+    "bias_dropout_residual_reference", "bias_dropout_residual_layer_norm",
+    "bias_dropout_residual_layer_norm_reference", "FusedBiasGeLU", "FusedBiasDropoutResidual",
+    "LinearBiasGeLU",
+    "MLP", "GatedMLP", "DenseActivation", "mlp_from_hf",
+]
