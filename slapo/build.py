@@ -19,6 +19,7 @@ def build(
     target: Optional[str] = None,
     init_weights: InitFn = None,
     device: Optional[torch.device] = None,
+    init_seed: int = 0,
     **kwargs: Any,
 ) -> Tuple[Any, Optional[Any]]:
     """Build the scheduled model.
@@ -28,8 +29,12 @@ def build(
         target: ``None``/``"torch"`` for a plain ``nn.Module``; other registered dialects
             (``slapo.dialects.list_dialects()``) wrap it into their runtime.
         init_weights: how to initialise tensors still on the meta device: ``True`` for the
-            modules' own initialisers, or ``fn(module)``. Real tensors are never re-initialised.
-        device: where meta tensors are materialised (default CPU).
+            modules' own initialisers, or ``fn(module)`` / ``fn(module, path)``. Only this rank's
+            shards are allocated. Real tensors are never re-initialised.
+        device: where meta tensors are materialised (default: CUDA when available, else CPU).
+        init_seed: base seed of delayed initialisation; the module at ``path`` is initialised
+            under ``slapo.init.module_seed(init_seed, path)``, so values do not depend on the
+            tensor-parallel degree (see ``slapo.init.materialize``).
         **kwargs: options of the target (e.g. ``optimizer=`` for ``torch``).
 
     Returns:
@@ -49,5 +54,5 @@ def build(
             f"target '{dialect.name}' does not take option(s) {', '.join(unknown)}",
             call="build", hint=f"its options are: {', '.join(dialect.options) or 'none'}",
         )
-    model = materialize(sch.mod, init_weights, device=device)
+    model = materialize(sch, init_weights, device=device, seed=init_seed)
     return dialect.build(sch, model, **kwargs)

@@ -1,0 +1,205 @@
+#!/usr/bin/env python
+"""Benchmark delayed initialisation at TP=2 on CPU (2 gloo ranks launched by this script).
+
+    .venv/bin/python scripts/bench_delayed_init.py            # GPT-Neo-1.3B-sized, ~1 min
+    .venv/bin/python scripts/bench_delayed_init.py --layers 2 # quick smoke run
+
+Per rank it reports, for a GPT-Neo-1.3B-sized model (hidden 2048, 24 layers, 16 heads, vocab
+50257 padded to 50304) built on the meta device, scheduled with the standard Megatron TP layout
+and built with ``init_weights=True``:
+
+* time to schedule (build the meta model, create the schedule, shard): goal < 2 s;
+* time to materialise (``slapo.build``);
+* peak resident memory (RSS high-water mark, reset after the imports, relative to the RSS then)
+  against the rank's shard bytes: goal <= 1.5x; and against the full model's bytes.
+
+Then the per-rank parameter bytes at TP=2 vs TP=1 for BERT-large and GPT-Neo configs (meta
+models; goal <= 0.55). Results are printed as JSON lines (and as a table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+# ------------------------------------------------------------------------- model configs
+def gpt_neo_config(layers: int = 24):
+    import transformers as tf
+
+    return tf.GPTNeoConfig(vocab_size=50304, hidden_size=2048, num_layers=layers, num_heads=16,
+                           attention_types=[[["global", "local"], layers // 2]],
+                           max_position_embeddings=2048, bos_token_id=0, eos_token_id=0)
+
+
+def bert_large_config(layers: int = 24):
+    import transformers as tf
+
+    return tf.BertConfig(vocab_size=30528, hidden_size=1024, num_hidden_layers=layers,
+                         num_attention_heads=16, intermediate_size=4096)
+
+
+def shard_gpt_neo(sch, layers: int) -> None:
+    """The standard (Megatron) TP layout of GPT-Neo: vocab-parallel embedding (tied to the LM
+    head), column-parallel q/k/v and c_fc, row-parallel out_proj and c_proj."""
+    sch["transformer.wte"].shard("weight", axis=0)
+    for i in range(layers):
+        attn, mlp = f"transformer.h.{i}.attn.attention", f"transformer.h.{i}.mlp"
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            sch[f"{attn}.{proj}"].shard("weight", axis=0)
+        sch[f"{attn}.out_proj"].shard("weight", axis=1)
+        sch[f"{mlp}.c_fc"].shard(["weight", "bias"], axis=0)
+        sch[f"{mlp}.c_proj"].shard("weight", axis=1)
+
+
+def shard_bert(sch, layers: int) -> None:
+    """The standard TP layout of BERT: vocab-parallel word embedding (tied to the decoder),
+    column-parallel q/k/v and intermediate, row-parallel output projections."""
+    sch["bert.embeddings.word_embeddings"].shard("weight", axis=0)
+    sch["cls.predictions"].shard("bias", axis=0)
+    for i in range(layers):
+        layer = f"bert.encoder.layer.{i}"
+        for proj in ("query", "key", "value"):
+            sch[f"{layer}.attention.self.{proj}"].shard(["weight", "bias"], axis=0)
+        sch[f"{layer}.attention.output.dense"].shard("weight", axis=1)
+        sch[f"{layer}.intermediate.dense"].shard(["weight", "bias"], axis=0)
+        sch[f"{layer}.output.dense"].shard("weight", axis=1)
+
+
+# ------------------------------------------------------------------------- measurements
+def _rss_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM (the RSS high-water mark) to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+def _tensor_bytes(model) -> int:
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += t.numel() * t.element_size()
+    return total
+
+
+def _full_bytes(model) -> int:
+    from slapo.sharding import get_shard_spec
+
+    total = 0
+    for p in model.parameters():
+        spec = get_shard_spec(p)
+        numel = p.numel() * (spec.world_size if spec is not None else 1)
+        total += numel * p.element_size()
+    return total
+
+
+def _build_meta(kind: str, layers: int, tp: bool):
+    import slapo
+    import transformers as tf
+
+    with slapo.init_empty_weights():
+        if kind == "gpt_neo":
+            model = tf.GPTNeoForCausalLM(gpt_neo_config(layers))
+        else:
+            model = tf.BertForMaskedLM(bert_large_config(layers))
+    sch = slapo.create_schedule(model)
+    if tp:
+        (shard_gpt_neo if kind == "gpt_neo" else shard_bert)(sch, layers)
+    return model, sch
+
+
+def rank_main(layers: int) -> Dict:
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    import transformers as tf
+
+    import slapo
+
+    out: Dict = {"rank": dist.get_rank(), "tp": dist.get_world_size()}
+    # One-time imports (transformers loads model modules lazily) are not scheduling time.
+    _ = (tf.GPTNeoForCausalLM, tf.BertForMaskedLM)
+    gc.collect()
+    baseline = _rss_bytes("VmRSS")
+    out["peak_reset"] = _reset_peak()
+    t0 = time.perf_counter()
+    model, sch = _build_meta("gpt_neo", layers, tp=True)
+    out["schedule_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model, _ = slapo.build(sch, init_weights=True, device="cpu")
+    out["materialize_s"] = time.perf_counter() - t0
+    peak = _rss_bytes("VmHWM") if out["peak_reset"] else None
+    out["shard_bytes"] = _tensor_bytes(model)
+    out["full_bytes"] = _full_bytes(model)
+    out["peak_rss_delta_bytes"] = None if peak is None else peak - baseline
+    out["params"] = sum(p.numel() * (slapo.sharding.get_shard_spec(p).world_size
+                                     if slapo.sharding.get_shard_spec(p) else 1)
+                        for p in model.parameters())
+    del model, sch
+    gc.collect()
+    # per-rank parameter bytes, TP=2 vs TP=1 (meta models: nothing is allocated)
+    ratios = {}
+    for kind, n in (("bert", 24), ("gpt_neo", layers)):
+        tp2, _ = _build_meta(kind, n, tp=True)
+        tp1, _ = _build_meta(kind, n, tp=False)
+        b2 = sum(p.numel() * p.element_size() for p in tp2.parameters())
+        b1 = sum(p.numel() * p.element_size() for p in tp1.parameters())
+        ratios[kind] = {"tp2_bytes": b2, "tp1_bytes": b1, "ratio": b2 / b1}
+    out["param_bytes"] = ratios
+    torch.distributed.barrier()
+    return out
+
+
+def main(argv: List[str] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layers", type=int, default=24, help="GPT-Neo layers (24 = 1.3B)")
+    parser.add_argument("--timeout", type=float, default=900)
+    args = parser.parse_args(argv)
+    from slapo.testing import run_distributed
+
+    results = run_distributed(rank_main, 2, args.layers, timeout=args.timeout, threads=1)
+    gb = 1 / 2**30
+    ok = True
+    for r in results:
+        print(json.dumps(r))
+    print(f"\nGPT-Neo ({results[0]['params'] / 1e9:.2f}B params, {args.layers} layers) at TP=2:")
+    for r in results:
+        peak = r["peak_rss_delta_bytes"]
+        ratio = None if peak is None else peak / r["shard_bytes"]
+        ok &= ratio is not None and ratio <= 1.5 and r["schedule_s"] < 2.0
+        print(f"  rank {r['rank']}: schedule {r['schedule_s']:.2f} s, materialise "
+              f"{r['materialize_s']:.2f} s, shards {r['shard_bytes'] * gb:.2f} GiB, peak RSS "
+              f"+{(peak or 0) * gb:.2f} GiB = {ratio or float('nan'):.2f}x shards "
+              f"({(peak or 0) / r['full_bytes']:.2f}x the full model's "
+              f"{r['full_bytes'] * gb:.2f} GiB)")
+    print("Per-rank parameter bytes, TP=2 / TP=1:")
+    for kind, v in results[0]["param_bytes"].items():
+        ok &= v["ratio"] <= 0.55
+        print(f"  {kind}: {v['tp2_bytes'] * gb:.3f} / {v['tp1_bytes'] * gb:.3f} GiB = "
+              f"{v['ratio']:.3f}")
+    print("goals (peak <= 1.5x shards, schedule < 2 s, ratio <= 0.55):", "met" if ok else "MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
