@@ -32,10 +32,13 @@ from .errors import (
     VerifyError,
 )
 from .history import Deferred, History, HistoryEntry
-from .init import init_empty_weights
+from .checkpoint_io import load_checkpoint, save_checkpoint
+from .init import init_empty_weights, materialize
 from .primitives.registry import Primitive, list_primitives, register_primitive
 from .rng import get_rng_tracker, is_random_seed_set, set_random_seed
 from .schedule import Schedule, create_schedule
+from . import sharding  # noqa: F401  (slapo.sharding.check_layouts, ...)
+from .sharding import check_layouts, reduce_replicated_grads
 from .explain import explain
 from .verify import Verify, VerifyReport, verify
 
@@ -45,8 +48,9 @@ __all__ = [
     "create_schedule", "Schedule", "build", "verify", "Verify", "VerifyReport", "explain",
     "Primitive", "register_primitive", "list_primitives",
     "History", "HistoryEntry", "Deferred",
-    "checkpoint", "init_empty_weights",
+    "checkpoint", "init_empty_weights", "materialize", "save_checkpoint", "load_checkpoint",
     "set_random_seed", "get_rng_tracker", "is_random_seed_set",
+    "sharding", "check_layouts", "reduce_replicated_grads",
     "SlapoError", "PathError", "PrimitiveError", "RegistryError", "ReplaceError",
     "CheckpointError", "AnnotateError", "ShardError", "SyncError", "TraceError", "PatternError",
     "PipelineError", "BuildError", "InitError", "CheckpointIOError", "VerifyError", "ConfigError",

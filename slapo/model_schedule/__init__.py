@@ -8,3 +8,7 @@ from .registry import apply_schedule, list_model_schedules, register_model_sched
 
 __all__ = ["apply_schedule", "list_model_schedules", "register_model_schedule",
            "ScheduleConfig", "checkpoint_layer_ids"]
+
+# The recipes (explicit registration: one import per family).
+from . import bert  # noqa: E402,F401
+from . import gpt2, llama, opt  # noqa: E402,F401

@@ -1,5 +1,32 @@
-"""Tensor-parallel sharding: per-tensor shard specs, autograd-aware collectives, shard rules."""
+"""Tensor-parallel sharding: per-tensor shard specs, autograd-aware collectives, shard rules,
+activation layouts and sequence parallelism. See ``docs/internals.md`` ("Tensor parallelism")."""
 
+from .collectives import (
+    all_gather_forward_reduce_scatter_backward,
+    all_gather_forward_split_backward,
+    all_reduce_forward_identity_backward,
+    identity_forward_all_reduce_backward,
+    reduce_scatter_forward_all_gather_backward,
+    split_forward_all_gather_backward,
+)
+from .layout import Layout, LayoutProblem, ModuleLayout, ShardInfo, SyncRecord, check_layouts
+from .rules import HeadRule, ShardRule, register_head_rule, register_shard_rule, rule_for
+from .sequence_parallel import (
+    gather_sequence,
+    mark_replicated,
+    reduce_replicated_grads,
+    reduce_scatter_sequence,
+    scatter_sequence,
+)
 from .spec import SHARD_ATTR, ShardSpec, get_shard_spec, set_shard_spec
 
-__all__ = ["ShardSpec", "SHARD_ATTR", "get_shard_spec", "set_shard_spec"]
+__all__ = [
+    "ShardSpec", "SHARD_ATTR", "get_shard_spec", "set_shard_spec",
+    "all_reduce_forward_identity_backward", "identity_forward_all_reduce_backward",
+    "all_gather_forward_split_backward", "all_gather_forward_reduce_scatter_backward",
+    "reduce_scatter_forward_all_gather_backward", "split_forward_all_gather_backward",
+    "Layout", "ModuleLayout", "ShardInfo", "SyncRecord", "LayoutProblem", "check_layouts",
+    "ShardRule", "HeadRule", "register_shard_rule", "register_head_rule", "rule_for",
+    "scatter_sequence", "gather_sequence", "reduce_scatter_sequence", "mark_replicated",
+    "reduce_replicated_grads",
+]

@@ -1,0 +1,213 @@
+"""The ``megatron`` baseline: megatron-core's own GPT, BERT and T5 models, built from the same
+hyperparameters as the HuggingFace models the other modes train.
+
+``build_megatron_model(hf_config)`` returns the megatron-core model at tensor-parallel size =
+megatron's parallel state (initialised here, TP = world size, unless done before) with the *local*
+layer specs (plain PyTorch modules; no TransformerEngine, no Apex). ``megatron_loss_fn(hf_config)``
+returns a ``loss_fn(model, batch)`` that takes the same HuggingFace-style batch as every other mode
+(``input_ids``, ``attention_mask``, ``labels``; T5 ``labels`` are the decoder targets) and returns
+the mean token loss, so ``slapo.dialects.megatron.MegatronRuntime`` drives the baseline exactly
+like a Slapo model.
+
+Mapping notes: GPT-2 and GPT-Neo become a GPT (learned absolute positions, tied embeddings,
+tanh-GELU; GPT-Neo's local attention layers become global ones); BERT/RoBERTa a BERT without the
+binary (NSP) head; T5 a T5 with RMSNorm and no linear biases, but learned absolute positions
+(megatron-core's local attention cannot add T5's relative position bias: "Attention bias is not
+supported for DotProductAttention"; that needs TransformerEngine). On CPU
+the weights are initialised on the CPU (``use_cpu_initialization``) from the full master weight, so
+a given seed gives the same model at every tensor-parallel size.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from slapo.dialects.megatron import initialize_megatron
+from slapo.distributed import pick_device
+from slapo.errors import ConfigError
+
+__all__ = ["build_megatron_model", "megatron_loss_fn", "transformer_config", "family_of"]
+
+Batch = Dict[str, torch.Tensor]
+_GPT, _BERT, _T5 = ("gpt2", "gpt_neo"), ("bert", "roberta"), ("t5",)
+
+
+def family_of(hf_config: Any) -> str:
+    """``"gpt"``, ``"bert"`` or ``"t5"`` for a HuggingFace config, else :class:`ConfigError`."""
+    model_type = getattr(hf_config, "model_type", None)
+    for family, types in (("gpt", _GPT), ("bert", _BERT), ("t5", _T5)):
+        if model_type in types:
+            return family
+    raise ConfigError(f"no megatron-core baseline for model type {model_type!r}",
+                      call="build_megatron_model",
+                      hint=f"use a config of type {', '.join(_GPT + _BERT + _T5)}")
+
+
+def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return functools.partial(F.gelu, approximate="tanh")
+    return {"gelu": F.gelu, "relu": F.relu, "silu": F.silu}.get(name, F.gelu)
+
+
+def transformer_config(hf_config: Any, recompute: Optional[str] = None, **overrides: Any):
+    """A megatron-core ``TransformerConfig`` with ``hf_config``'s sizes, at megatron's current
+    tensor-parallel size. ``recompute``: ``None``, ``"full"`` or ``"selective"`` (megatron's
+    activation recomputation)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    c = hf_config
+    family = family_of(c)
+    if family == "gpt":
+        hidden = getattr(c, "n_embd", None) or c.hidden_size
+        kw = dict(
+            num_layers=getattr(c, "n_layer", None) or c.num_layers,
+            hidden_size=hidden,
+            num_attention_heads=getattr(c, "n_head", None) or c.num_heads,
+            ffn_hidden_size=(getattr(c, "n_inner", None) or getattr(c, "intermediate_size", None)
+                             or 4 * hidden),
+            hidden_dropout=getattr(c, "resid_pdrop", getattr(c, "resid_dropout", 0.0)),
+            attention_dropout=getattr(c, "attn_pdrop", getattr(c, "attention_dropout", 0.0)),
+            layernorm_epsilon=c.layer_norm_epsilon,
+            activation_func=_activation(getattr(c, "activation_function", "gelu_new")))
+    elif family == "bert":
+        kw = dict(
+            num_layers=c.num_hidden_layers, hidden_size=c.hidden_size,
+            num_attention_heads=c.num_attention_heads, ffn_hidden_size=c.intermediate_size,
+            hidden_dropout=c.hidden_dropout_prob, attention_dropout=c.attention_probs_dropout_prob,
+            layernorm_epsilon=c.layer_norm_eps, activation_func=_activation(c.hidden_act))
+    else:
+        gated = "gated" in getattr(c, "feed_forward_proj", "relu")
+        kw = dict(
+            num_layers=c.num_layers, hidden_size=c.d_model, num_attention_heads=c.num_heads,
+            kv_channels=c.d_kv, ffn_hidden_size=c.d_ff, hidden_dropout=c.dropout_rate,
+            attention_dropout=c.dropout_rate, layernorm_epsilon=c.layer_norm_epsilon,
+            add_bias_linear=False, normalization="RMSNorm", gated_linear_unit=gated,
+            activation_func=_activation(getattr(c, "dense_act_fn", "relu")))
+    if recompute == "full":
+        kw.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif recompute == "selective":
+        kw.update(recompute_granularity="selective")
+    elif recompute not in (None, "", "0"):
+        raise ConfigError(f"unknown recompute mode {recompute!r}", call="transformer_config",
+                          hint="use None, 'full' or 'selective'")
+    kw.update(
+        tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
+        use_cpu_initialization=pick_device().type == "cpu", params_dtype=torch.float32,
+        init_method_std=getattr(c, "initializer_range", 0.02))
+    kw.update(overrides)
+    return TransformerConfig(**kw)
+
+
+def build_megatron_model(hf_config: Any, tensor_model_parallel_size: Optional[int] = None, *,
+                         recompute: Optional[str] = None, seed: int = 1234) -> nn.Module:
+    """megatron-core's GPTModel / BertModel / T5Model with ``hf_config``'s hyperparameters, on
+    this rank's device. Initialises megatron (:func:`initialize_megatron`, TP =
+    ``tensor_model_parallel_size`` or the world size) if needed; the weights are drawn after
+    ``torch.manual_seed(seed)``."""
+    initialize_megatron(tensor_model_parallel_size)
+    config = transformer_config(hf_config, recompute=recompute)
+    family = family_of(hf_config)
+    torch.manual_seed(seed)
+    if family == "gpt":
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        max_len = getattr(hf_config, "n_positions", None) or hf_config.max_position_embeddings
+        model = GPTModel(config, get_gpt_layer_local_spec(), vocab_size=hf_config.vocab_size,
+                         max_sequence_length=max_len,
+                         share_embeddings_and_output_weights=hf_config.tie_word_embeddings)
+    elif family == "bert":
+        from megatron.core.models.bert.bert_layer_specs import bert_layer_local_spec
+        from megatron.core.models.bert.bert_model import BertModel
+
+        model = BertModel(config, num_tokentypes=hf_config.type_vocab_size,
+                          transformer_layer_spec=bert_layer_local_spec,
+                          vocab_size=hf_config.vocab_size,
+                          max_sequence_length=hf_config.max_position_embeddings,
+                          share_embeddings_and_output_weights=True, add_binary_head=False)
+    else:
+        from megatron.core.models.T5 import T5Model
+        from megatron.core.models.T5.t5_spec import (
+            get_t5_decoder_with_local_block_spec,
+            get_t5_encoder_with_local_block_spec,
+        )
+
+        layers = hf_config.num_decoder_layers or hf_config.num_layers
+        model = T5Model(config, config,
+                        get_t5_encoder_with_local_block_spec(hf_config.num_layers),
+                        get_t5_decoder_with_local_block_spec(layers),
+                        vocab_size=hf_config.vocab_size,
+                        max_sequence_length=getattr(hf_config, "n_positions", 512),
+                        share_embeddings_and_output_weights=hf_config.tie_word_embeddings,
+                        position_embedding_type="learned_absolute")
+    return model.to(pick_device())
+
+
+def _masked_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(per_token.dtype)
+    return (per_token * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _key_padding(attention_mask: torch.Tensor, queries: int) -> torch.Tensor:
+    """[b, 1, q, k] bool, True where the key is padding (megatron masks True positions)."""
+    pad = attention_mask == 0
+    return pad[:, None, None, :].expand(-1, 1, queries, -1)
+
+
+def _causal(n: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).triu(1)[None, None]
+
+
+def _gpt_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    ids = batch["input_ids"]
+    b, s = ids.shape
+    labels = batch.get("labels", ids)
+    # HF shifts inside the model; megatron takes the next-token targets per position.
+    targets = torch.cat([labels[:, 1:], torch.full_like(labels[:, :1], -100)], dim=1)
+    mask = _causal(s, ids.device)
+    if "attention_mask" in batch:
+        mask = mask | _key_padding(batch["attention_mask"], s)
+    position_ids = torch.arange(s, device=ids.device).expand(b, s)
+    per_token = model(ids, position_ids, mask, labels=targets.clamp(min=0))
+    return _masked_mean(per_token, targets != -100)
+
+
+def _bert_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    ids = batch["input_ids"]
+    labels = batch.get("labels", ids)
+    attention = batch.get("attention_mask", torch.ones_like(ids))
+    types = batch.get("token_type_ids")
+    if types is None:
+        types = torch.zeros_like(ids)
+    per_token, _ = model(ids, attention, tokentype_ids=types, lm_labels=labels.clamp(min=0))
+    return _masked_mean(per_token, labels != -100)
+
+
+def _t5_loss(model: nn.Module, batch: Batch, start_id: int = 0) -> torch.Tensor:
+    ids, labels = batch["input_ids"], batch["labels"]
+    dec = batch.get("decoder_input_ids")
+    if dec is None:  # HF's shift-right of the labels
+        dec = torch.cat([torch.full_like(labels[:, :1], start_id), labels[:, :-1]], dim=1)
+        dec = dec.masked_fill(dec == -100, 0)
+    s, t = ids.shape[1], dec.shape[1]
+    attention = batch.get("attention_mask", torch.ones_like(ids))
+    per_token = model(ids, dec, _key_padding(attention, s), _causal(t, ids.device),
+                      _key_padding(attention, t), lm_labels=labels.clamp(min=0))
+    return _masked_mean(per_token, labels != -100)
+
+
+def megatron_loss_fn(hf_config: Any) -> Callable[[nn.Module, Batch], torch.Tensor]:
+    """The ``loss_fn(model, batch)`` for :func:`build_megatron_model`'s model (mean token loss of
+    a HuggingFace-style batch, positions with label -100 excluded)."""
+    family = family_of(hf_config)
+    if family == "gpt":
+        return _gpt_loss
+    if family == "bert":
+        return _bert_loss
+    return functools.partial(_t5_loss, start_id=hf_config.decoder_start_token_id or 0)

@@ -1,0 +1,1 @@
+"""Figure 8 (multi-node) launch scripts; see end2end/README.md."""

@@ -1,0 +1,176 @@
+"""One runner per benchmark mode, all with the same API: ``runner.train_step(batch) -> loss``.
+
+``make_runner(mode, model_or_config, ...)`` builds the model of a mode on this rank and returns a
+:class:`Runner`; the benchmark driver feeds every mode the same HuggingFace-style batches
+(``input_ids``, ``attention_mask``, ``labels``) and times ``train_step``. Modes:
+
+===================  ==========================================================================
+``deepspeed``        the unscheduled HF model under DeepSpeed ZeRO-3 (HF gradient checkpointing
+                     with ``ckpt``), built through ``slapo.build(target="deepspeed")`` with an
+                     empty schedule, so it gets exactly the same engine as ``slapo-deepspeed``
+``slapo-deepspeed``  the scheduled HF model (``schedule(sch)``) under the same engine
+``slapo-megatron``   the scheduled tensor-parallel HF model (TP = world size) under megatron-core's
+                     runtime (``slapo.build(target="megatron")``)
+``megatron``         megatron-core's own GPT/BERT/T5 built from the HF config
+                     (:mod:`end2end.baselines.megatron_core`) under the same runtime
+===================  ==========================================================================
+
+Every mode uses the same optimizer (default AdamW, lr 1.5e-4, as the artifact's Megatron runs).
+Schedules (kernels, sharding, checkpointing) come from the ``schedule`` callable, e.g. a model
+recipe of ``slapo.model_schedule``; activation checkpointing of the ``slapo-*`` modes is the
+schedule's business, ``ckpt`` only affects the baselines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Optional, Union
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import slapo
+from slapo.distributed import init_distributed, teardown
+from slapo.errors import ConfigError
+
+__all__ = ["MODES", "Runner", "make_runner", "hf_model_from_config", "default_optimizer"]
+
+MODES = ("deepspeed", "slapo-deepspeed", "slapo-megatron", "megatron")
+Batch = Dict[str, torch.Tensor]
+ScheduleFn = Callable[[slapo.Schedule], None]
+
+_AUTO_CLASS = {"t5": "AutoModelForSeq2SeqLM", "bert": "AutoModelForMaskedLM",
+               "roberta": "AutoModelForMaskedLM", "albert": "AutoModelForMaskedLM"}
+
+
+def default_optimizer(params: Any) -> torch.optim.Optimizer:
+    """The optimizer of every mode (so that modes differ only in their runtime)."""
+    return torch.optim.AdamW(params, lr=1.5e-4)
+
+
+def default_deepspeed_config() -> Dict[str, Any]:
+    """ZeRO-3, fp32, no DeepSpeed optimizer section (a torch optimizer is passed), and no
+    gradient clipping (DeepSpeed's default clips at 1.0; the megatron runtime does not clip)."""
+    return {"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 0.0,
+            "zero_optimization": {"stage": 3}}
+
+
+def _config_of(model_or_config: Any) -> Any:
+    if isinstance(model_or_config, str):
+        import transformers
+
+        try:
+            return transformers.AutoConfig.from_pretrained(model_or_config)
+        except OSError as e:
+            raise ConfigError(f"cannot load the config of {model_or_config!r} ({e})",
+                              call="make_runner", hint="pass a transformers config object, or "
+                              "make the model available in the local HF cache") from e
+    return model_or_config
+
+
+def hf_model_from_config(config: Any, seed: int = 0) -> nn.Module:
+    """The HF training model of ``config`` (causal LM, masked LM or seq2seq), seeded, train mode."""
+    import transformers
+
+    cls = getattr(transformers, _AUTO_CLASS.get(config.model_type, "AutoModelForCausalLM"))
+    torch.manual_seed(seed)
+    return cls.from_config(config).train()
+
+
+@dataclasses.dataclass
+class Runner:
+    """A built model of one mode. ``train_step(batch)`` runs one optimizer step on this rank's
+    batch and returns the loss averaged over data-parallel ranks; ``close()`` tears the runtime
+    down (process groups created for it, megatron state)."""
+
+    mode: str
+    model: Any
+    optimizer: Any
+    step_fn: Callable[[Batch], float]
+
+    def train_step(self, batch: Batch) -> float:
+        return self.step_fn(batch)
+
+    def close(self) -> None:
+        teardown()
+
+
+def _deepspeed_step(engine: Any) -> Callable[[Batch], float]:
+    group = getattr(engine, "data_parallel_group", None)
+
+    def step(batch: Batch) -> float:
+        loss = engine(**{k: v.to(engine.device) for k, v in batch.items()}).loss
+        engine.backward(loss)
+        engine.step()
+        loss = loss.detach().clone()
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=group)
+        return loss.item()
+
+    return step
+
+
+def make_runner(
+    mode: str,
+    model_or_config: Union[str, Any, nn.Module],
+    *,
+    schedule: Optional[ScheduleFn] = None,
+    ckpt: Union[bool, str, None] = None,
+    optimizer: Callable[[Any], torch.optim.Optimizer] = default_optimizer,
+    deepspeed_config: Optional[Dict[str, Any]] = None,
+    num_microbatches: int = 1,
+    seed: int = 0,
+) -> Runner:
+    """Build ``mode``'s model on this rank (see the module docstring).
+
+    Args:
+        model_or_config: a transformers config (or a model name in the local HF cache); the
+            ``deepspeed``/``slapo-*`` modes also take a built HF model.
+        schedule: ``fn(sch)`` applying the Slapo schedule (``slapo-*`` modes).
+        ckpt: activation checkpointing of the baselines: truthy for HF gradient checkpointing
+            (``deepspeed``), ``"full"``/``"selective"`` for megatron's recomputation.
+        optimizer: factory ``fn(params)``, the same in every mode.
+        deepspeed_config: DeepSpeed config of the ``*deepspeed`` modes (default ZeRO-3).
+        num_microbatches: micro-batches per step of the ``*megatron`` modes.
+        seed: weights are drawn after ``torch.manual_seed(seed)``.
+    """
+    if mode not in MODES:
+        raise ConfigError(f"unknown mode {mode!r}", call="make_runner",
+                          hint=f"use one of {', '.join(MODES)}")
+    env = init_distributed()
+    if mode == "megatron":
+        from slapo.dialects.megatron import MegatronRuntime
+
+        from .baselines.megatron_core import build_megatron_model, megatron_loss_fn
+
+        config = _config_of(model_or_config)
+        if isinstance(config, nn.Module):
+            raise ConfigError("mode 'megatron' builds its own model from a config",
+                              call="make_runner", hint="pass the model's config")
+        model = build_megatron_model(config, env.world_size,
+                                     recompute=ckpt if isinstance(ckpt, str) else None,
+                                     seed=seed)
+        opt = optimizer([p for p in model.parameters() if p.requires_grad])
+        runtime = MegatronRuntime(model, opt, megatron_loss_fn(config), num_microbatches)
+        return Runner(mode, model, opt, runtime.train_step)
+
+    group = None
+    if mode == "slapo-megatron":
+        from slapo.dialects.megatron import initialize_megatron
+
+        group = initialize_megatron(env.world_size)
+    model = model_or_config
+    if not isinstance(model, nn.Module):
+        model = hf_model_from_config(_config_of(model_or_config), seed)
+    if mode == "deepspeed" and ckpt:
+        model.gradient_checkpointing_enable()
+    sch = slapo.create_schedule(model, group=group)
+    if schedule is not None and mode != "deepspeed":
+        schedule(sch)
+    if mode == "slapo-megatron":
+        runtime, opt = slapo.build(sch, target="megatron", optimizer=optimizer,
+                                   num_microbatches=num_microbatches)
+        return Runner(mode, runtime.module, opt, runtime.train_step)
+    engine, opt = slapo.build(sch, target="deepspeed", optimizer=optimizer,
+                              config=deepspeed_config or default_deepspeed_config())
+    return Runner(mode, engine, opt, _deepspeed_step(engine))

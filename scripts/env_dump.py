@@ -1,0 +1,34 @@
+#!/usr/bin/env python
+"""Print the benchmark environment (versions, git commit, device, CPU, threads).
+
+    python scripts/env_dump.py            # key: value lines
+    python scripts/env_dump.py --json     # one JSON object
+    python scripts/env_dump.py --device cpu
+
+The same dict heads every results file written by end2end/results.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from end2end.env import env_dump, format_env  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    args = parser.parse_args(argv)
+    env = env_dump(args.device)
+    print(json.dumps(env, sort_keys=True) if args.json else format_env(env))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""BERT and RoBERTa (``BertForMaskedLM``, ``BertLMHeadModel``, ``RobertaForMaskedLM`` ...).
+
+Per layer ``{bert,roberta}.encoder.layer.N``: ``attention.self`` -> op-library SDPA attention
+(non-causal for encoders, causal for ``is_decoder`` models: the HF module's flag is kept; fused
+QKV with ``fuse``); bias+GeLU fused in ``intermediate`` with the knob ``fuse_bias_gelu``.
+TP: heads column/row (``attention.self`` / ``attention.output.dense``), MLP
+``intermediate.dense`` / ``output.dense``, vocab-parallel word embedding and tied decoder
+(logits all-gathered for HF's masked-LM loss; ``BertLMHeadModel`` keeps them vocab-sharded with
+the vocab-parallel causal loss).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..schedule import Schedule
+from . import common as C
+from .config import ScheduleConfig
+from .registry import register_model_schedule
+
+PLAN = C.LayerPlan(attn="attention.self", attn_out="attention.output.dense",
+                   column=("intermediate.dense",), row="output.dense", mlp="intermediate")
+
+
+def schedule_bert_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, family: str,
+                       fuse_bias_gelu: Any = False) -> None:
+    """The BERT recipe (RoBERTa shares it; only the prefix and head paths differ)."""
+    mode = C.tp_mode(sch, cfg, family, sp_supported=False)
+    p = C.backbone(sch, cfg, "encoder.layer", ("bert", "roberta", ""), family)
+    causal = bool(getattr(sch.mod.config, "is_decoder", False))
+    if causal:
+        C.disable_kv_cache(sch, model_config)
+    layers = C.layer_paths(sch, C.join(p, "encoder.layer"))
+    C.schedule_layers(sch, cfg, mode, layers, PLAN, fuse_bias_gelu=fuse_bias_gelu)
+    if mode.tp:
+        C.shard_embedding(sch, [C.join(p, "embeddings.word_embeddings")])
+        head = "cls.predictions.decoder" if "cls.predictions.decoder" in sch else "lm_head.decoder"
+        if head in sch:
+            C.shard_lm_head(sch, head, mode, gather_logits=not causal)
+    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
+    C.cut_pipeline(sch, cfg, layers, family)
+
+
+@register_model_schedule("bert", extra_knobs=("fuse_bias_gelu",))
+def schedule_bert(sch: Schedule, model_config: Any, cfg: ScheduleConfig, **extra: Any) -> None:
+    """BERT; see the module docs."""
+    schedule_bert_like(sch, model_config, cfg, "bert", **extra)
+
+
+@register_model_schedule("roberta", extra_knobs=("fuse_bias_gelu",))
+def schedule_roberta(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
+                     **extra: Any) -> None:
+    """RoBERTa: the BERT recipe under the ``roberta`` prefix with ``lm_head.decoder``."""
+    schedule_bert_like(sch, model_config, cfg, "roberta", **extra)

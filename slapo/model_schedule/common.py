@@ -1,0 +1,304 @@
+"""Shared pieces of the model schedules: each recipe is a few calls of these.
+
+Every helper takes a schedule and module paths, so a recipe reads as "which path gets what":
+
+* :func:`backbone` finds the backbone prefix (``bert``, ``transformer`` ...) or takes the knob;
+* :func:`replace_attention` swaps a HF attention module for the op library's SDPA attention
+  (:func:`slapo.op.attention_from_hf`, weights copied; on the meta device with ``delay_init``);
+* :func:`shard_attention`, :func:`shard_mlp`, :func:`shard_embedding`, :func:`shard_lm_head`:
+  Megatron-style tensor parallelism (column-parallel entry, row-parallel exit, one all-reduce
+  per region each way), or its sequence-parallel form (:class:`TPMode`);
+* :func:`checkpoint_layers` checkpoints exactly ``checkpoint_layer_ids(L, ratio)`` layers;
+* :func:`cut_pipeline` records pipeline cuts (refused until the pipeline primitive exists).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, List, Optional, Sequence, Tuple
+
+from torch import nn
+
+from ..errors import ConfigError
+from ..init import init_empty_weights
+from ..primitives.registry import list_primitives
+from ..schedule import Schedule
+from ..sharding.sequence_parallel import (gather_sequence, mark_replicated,
+                                          reduce_scatter_sequence)
+from .config import ScheduleConfig, checkpoint_layer_ids
+
+__all__ = [
+    "TPMode", "backbone", "join", "layer_paths", "disable_kv_cache", "tp_mode",
+    "replace_attention", "replace_mlp", "column_parallel", "row_parallel", "shard_attention",
+    "shard_mlp", "shard_embedding", "shard_lm_head", "sequence_parallel_region",
+    "LayerPlan", "schedule_layers", "checkpoint_layers", "cut_pipeline",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class TPMode:
+    """How a recipe parallelises: ``tp`` (tensor parallel, world size > 1) and ``sp`` (sequence
+    parallel on top: activations between TP regions split along the sequence axis 1)."""
+
+    tp: bool = False
+    sp: bool = False
+
+
+def join(*parts: str) -> str:
+    """Dotted path from the non-empty ``parts``."""
+    return ".".join(p for p in parts if p)
+
+
+def backbone(sch: Schedule, cfg: ScheduleConfig, probe: str, candidates: Sequence[str],
+             family: str) -> str:
+    """The backbone prefix: ``cfg.prefix``, else the first of ``candidates`` (``""`` = the root)
+    under which ``probe`` (e.g. ``"encoder.layer"``) exists."""
+    options = [cfg.prefix] if cfg.prefix else list(candidates)
+    for prefix in options:
+        if join(prefix, probe) in sch:
+            return prefix
+    raise ConfigError(
+        f"the {family} schedule cannot find '{probe}' under "
+        + " or ".join(repr(p or "<root>") for p in options), call=f"apply_schedule({family!r})",
+        hint=f"is this a {family} model? pass prefix=<path of the backbone> if it is wrapped")
+
+
+def layer_paths(sch: Schedule, path: str) -> List[str]:
+    """Paths of the items of the ``ModuleList``/``Sequential`` at ``path``."""
+    return [join(path, name) for name in sch[path].child]
+
+
+def disable_kv_cache(sch: Schedule, model_config: Any) -> None:
+    """Training never uses the KV cache, and checkpointed layers must not append to it twice:
+    set ``use_cache=False`` on the model's config (and ``model_config`` if it is another
+    object). ``model(..., use_cache=True)`` still enables it for generation."""
+    for config in {id(c): c for c in (getattr(sch.mod, "config", None), model_config)}.values():
+        if config is not None and hasattr(config, "use_cache"):
+            config.use_cache = False
+
+
+def tp_mode(sch: Schedule, cfg: ScheduleConfig, family: str, *, sp_supported: bool) -> TPMode:
+    """Validate the parallel knobs against the family and the group; returns the mode."""
+    call = f"apply_schedule({family!r})"
+    if cfg.sequence_parallel and not sp_supported:
+        raise ConfigError(f"sequence_parallel is not supported by the {family} schedule",
+                          call=call, hint="sequence parallelism is implemented for gpt2, "
+                          "gpt_neo and llama; drop the knob")
+    tp = sch.world_size > 1
+    if tp and cfg.attn_kernel == "eager" and family != "wideresnet":
+        raise ConfigError(
+            "attn_kernel='eager' keeps HF's attention, which this schedule does not shard",
+            call=call, hint="use attn_kernel='auto' (the op library's attention is sharded by "
+            "heads), or shard HF's attention yourself")
+    return TPMode(tp=tp, sp=tp and cfg.sequence_parallel)
+
+
+def replace_attention(sch: Schedule, path: str, cfg: ScheduleConfig, *,
+                      fused_qkv: Optional[bool] = None) -> bool:
+    """Replace the HF attention at ``path`` by the op library's (``cfg.attn_kernel`` backend;
+    ``"eager"`` keeps HF's and returns False). Built on the meta device with ``delay_init``."""
+    from ..op import attention_from_hf
+
+    if cfg.attn_kernel == "eager":
+        return False
+    with init_empty_weights(enable=cfg.delay_init):
+        new = attention_from_hf(sch[path].mod, fused_qkv=fused_qkv, backend=cfg.attn_kernel)
+    sch[path].replace(new)
+    return True
+
+
+def replace_mlp(sch: Schedule, path: str, cfg: ScheduleConfig, bias_gelu: Any) -> bool:
+    """With ``bias_gelu`` (True = ``torch.compile`` inductor, a string = that backend,
+    ``"eager"`` = the unfused reference), replace the MLP at ``path`` by the op library's with
+    the bias add fused into the GeLU (:func:`slapo.op.mlp_from_hf`)."""
+    from ..op import mlp_from_hf
+
+    if bias_gelu is False or bias_gelu is None:
+        return False
+    compile_ = None if bias_gelu == "eager" else bias_gelu
+    with init_empty_weights(enable=cfg.delay_init):
+        new = mlp_from_hf(sch[path].mod, fuse_bias_gelu=True, compile=compile_)
+    sch[path].replace(new)
+    return True
+
+
+def column_parallel(sch: Schedule, mode: TPMode, *, grad_sync: bool = True) -> None:
+    """Shard a Linear (or HF Conv1D) column-wise: weight and bias on the output axis; the
+    input gradient is then partial and all-reduced (``grad_sync``, not with sequence
+    parallelism, where the gather before the region reduce-scatters it)."""
+    names = ["weight"] + (["bias"] if getattr(sch.mod, "bias", None) is not None else [])
+    sch.shard(names, axis=1 if _is_conv1d(sch.mod) else 0)
+    if grad_sync and not mode.sp:
+        sch.sync("bwd_post", "all_reduce")
+
+
+def row_parallel(sch: Schedule, mode: TPMode) -> None:
+    """Shard a Linear (or HF Conv1D) row-wise and reduce its partial output (all-reduce, or
+    reduce-scatter along the sequence with sequence parallelism); the bias is added once."""
+    sch.shard("weight", axis=0 if _is_conv1d(sch.mod) else 1)
+    if mode.sp:
+        reduce_scatter_sequence(sch)
+    else:
+        sch.sync("fwd_post", "all_reduce")
+
+
+def _is_conv1d(mod: nn.Module) -> bool:
+    from ..sharding.rules import is_hf_conv1d
+
+    return is_hf_conv1d(mod)
+
+
+def shard_attention(sch: Schedule, path: str, mode: TPMode) -> None:
+    """Shard the op library's attention at ``path`` by heads: q/k/v (or the fused ``qkv_proj``,
+    whose grouped layout gives whole heads) column-parallel, ``out_proj`` row-parallel, a T5
+    relative position bias on its head axis; the head counts become per-rank. The input
+    gradient of each projection is all-reduced (not the module's input: ALBERT's attention also
+    adds its input as the residual)."""
+    node = sch[path]
+    attn, ws = node.mod, sch.world_size
+    if attn.num_kv_heads % ws:
+        raise ConfigError(
+            f"'{path}' has {attn.num_kv_heads} key/value heads, which cannot be split over "
+            f"{ws} tensor-parallel ranks", call="apply_schedule",
+            hint=f"use a tensor-parallel size that divides {attn.num_kv_heads}")
+    projections = ["qkv_proj"] if attn.fused_qkv else ["q_proj", "k_proj", "v_proj"]
+    for name in projections:
+        column_parallel(node[name], mode)
+    if getattr(attn, "relative_attention_bias", None) is not None:
+        node["relative_attention_bias"].shard("weight", axis=1)
+    if attn.out_proj is not None:
+        row_parallel(node["out_proj"], mode)
+    attn.num_heads //= ws
+    attn.num_kv_heads //= ws
+    if attn.attn_op.dropout > 0:  # this rank's heads draw their own dropout masks
+        node["attn_op"].fork_rng()
+
+
+def shard_mlp(sch: Schedule, column: Sequence[str], row: str, mode: TPMode, *,
+              grad_entry: Optional[str] = None) -> None:
+    """Column-parallel ``column`` projections, row-parallel ``row``. The input gradient is
+    all-reduced once on ``grad_entry`` (a module whose first input feeds every column
+    projection, e.g. LLaMA's ``mlp`` for gate and up), else after each column projection."""
+    for path in column:
+        column_parallel(sch[path], mode, grad_sync=grad_entry is None)
+    if grad_entry is not None and not mode.sp:
+        sch[grad_entry].sync("bwd_post", "all_reduce")
+    row_parallel(sch[row], mode)
+
+
+def shard_embedding(sch: Schedule, paths: Sequence[str]) -> None:
+    """Vocab-parallel word embedding(s) (tied copies share the shard) with the partial lookup
+    all-reduced after each module that is called."""
+    sch[paths[0]].shard("weight", axis=0)
+    seen = set()
+    for path in paths:
+        if id(sch[path].mod) not in seen:  # a module reachable by two paths is hooked once
+            seen.add(id(sch[path].mod))
+            sch[path].sync("fwd_post", "all_reduce")
+
+
+def shard_lm_head(sch: Schedule, path: str, mode: TPMode, *, gather_logits: bool) -> None:
+    """Vocab-parallel LM head (tied to the embedding or not). ``gather_logits``: all-gather the
+    logits (for models whose forward computes the loss on full logits itself: masked LMs, T5);
+    otherwise the logits stay vocab-sharded and the model's ``loss_function`` becomes
+    :class:`slapo.op.cross_entropy.VocabParallelCausalLMLoss` (no full-vocab tensor is built)."""
+    from ..op.cross_entropy import VocabParallelCausalLMLoss
+
+    node = sch[path]
+    names = ["weight"] + (["bias"] if getattr(node.mod, "bias", None) is not None else [])
+    node.shard(names, axis=0)
+    if not mode.sp:
+        node.sync("bwd_post", "all_reduce")
+    if gather_logits:
+        node.sync("fwd_post", "all_gather", axis=-1)
+    else:
+        sch.root.mod.loss_function = VocabParallelCausalLMLoss(sch.group)
+        sch.root.metadata["vocab_parallel_loss"] = True
+
+
+def sequence_parallel_region(sch: Schedule, first_layer: str, norms: Sequence[str],
+                             final_norm: str) -> None:
+    """Sequence parallelism around the TP regions: split the first layer's input along the
+    sequence, all-gather after every norm that feeds a TP region (backward reduce-scatters the
+    partial gradient) and after the final norm (which feeds the vocab-parallel head); norm
+    parameters see only a sequence chunk, so they are marked replicated (gradients summed by
+    :func:`slapo.reduce_replicated_grads`)."""
+    sch[first_layer].sync("fwd_pre", "scatter", axis=1)
+    for path in [*norms, final_norm]:
+        gather_sequence(sch[path])
+        mark_replicated(sch[path])
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerPlan:
+    """Where the pieces of one transformer layer are, relative to the layer's path.
+
+    ``attn``: the HF attention module (replaced by the op library's); ``attn_out``: a separate
+    output projection (BERT's ``attention.output.dense``); ``column``/``row``: the MLP's
+    column-/row-parallel projections; ``grad_entry``: a module whose first input feeds all of
+    ``column`` (one gradient all-reduce instead of one per projection); ``mlp``: the MLP module
+    replaced for bias+GeLU fusion; ``norms``: the norms feeding the attention and the MLP
+    (sequence parallelism gathers after them).
+    """
+
+    attn: str
+    column: Tuple[str, ...]
+    row: str
+    attn_out: Optional[str] = None
+    grad_entry: Optional[str] = None
+    mlp: Optional[str] = None
+    norms: Tuple[str, ...] = ()
+
+
+def schedule_layers(sch: Schedule, cfg: ScheduleConfig, mode: TPMode, layers: Sequence[str],
+                    plan: LayerPlan, *, fused_qkv: Optional[bool] = None,
+                    fuse_bias_gelu: Any = False) -> None:
+    """Per layer: replace the attention (``fused_qkv`` default: ``cfg.fuse``), optionally fuse
+    bias+GeLU in the MLP, and with TP shard attention and MLP (:class:`LayerPlan`)."""
+    from ..op.mlp import MLP
+
+    fused_qkv = cfg.fuse if fused_qkv is None else fused_qkv
+    for layer in layers:
+        attn = join(layer, plan.attn)
+        replace_attention(sch, attn, cfg, fused_qkv=fused_qkv)
+        column, row = [join(layer, c) for c in plan.column], join(layer, plan.row)
+        if plan.mlp is not None and replace_mlp(sch, join(layer, plan.mlp), cfg, fuse_bias_gelu) \
+                and isinstance(sch[join(layer, plan.mlp)].mod, MLP):
+            column, row = [join(layer, plan.mlp, "fc_in")], join(layer, plan.mlp, "fc_out")
+        if not mode.tp:
+            continue
+        shard_attention(sch, attn, mode)
+        if plan.attn_out is not None:
+            row_parallel(sch[join(layer, plan.attn_out)], mode)
+        entry = join(layer, plan.grad_entry) if plan.grad_entry else None
+        shard_mlp(sch, column, row, mode, grad_entry=entry)
+
+
+def checkpoint_layers(sch: Schedule, paths: Sequence[str], ratio: float) -> List[int]:
+    """Checkpoint exactly the layers ``checkpoint_layer_ids(len(paths), ratio)``; returns them."""
+    ids = checkpoint_layer_ids(len(paths), ratio)
+    for i in ids:
+        sch[paths[i]].checkpoint()
+    return ids
+
+
+def cut_pipeline(sch: Schedule, cfg: ScheduleConfig, paths: Sequence[str], family: str) -> None:
+    """Cut a pipeline stage after each layer in ``cfg.pipeline_cuts``.
+
+    Raises:
+        ConfigError: pipeline cuts were requested but the ``cut_pipeline_stage`` primitive is
+            not available yet, or a cut index is out of range.
+    """
+    if not cfg.pipeline_cuts:
+        return
+    call = f"apply_schedule({family!r}, pipeline_cuts={list(cfg.pipeline_cuts)})"
+    if "cut_pipeline_stage" not in list_primitives():
+        raise ConfigError("pipeline_cuts: pipeline stages are not supported yet",
+                          call=call, hint="drop pipeline_cuts (tensor and data parallelism and "
+                          "checkpointing work)")
+    bad = [c for c in cfg.pipeline_cuts if not (isinstance(c, int) and 0 <= c < len(paths) - 1)]
+    if bad:
+        raise ConfigError(f"pipeline cut(s) {bad} are not layer indices in 0..{len(paths) - 2}",
+                          call=call, hint="a cut index i splits after layer i")
+    for i in sorted(set(cfg.pipeline_cuts)):
+        sch[paths[i]].cut_pipeline_stage()

@@ -1,0 +1,369 @@
+"""Pipeline stages that keep the original parameter paths.
+
+``sch["bert.encoder.layer.1"].cut_pipeline_stage()`` marks a *cut after* that module (its
+parent must be traced, e.g. with ``sch.trace_until("bert.encoder")``). :func:`build_pipeline_stages`
+then
+
+1. inlines the traced modules on the way from the root to every cut into one flat graph whose
+   ``call_module``/``get_attr`` targets are full paths (``bert.encoder.layer.0``);
+2. numbers nodes by stage (a cut node closes its stage);
+3. computes liveness: every value defined before a cut and used after it crosses that cut, and
+   is forwarded through intermediate stages; tensors cross as they are, ``None`` is
+   re-created, ints/shapes are packed into int64 tensors; anything else is an error;
+4. builds one ``GraphModule`` per stage from the root, so a stage's ``state_dict`` keys are the
+   original ones (``bert.encoder.layer.2.output.dense.weight``) and the stages' keys together are
+   exactly the original model's; tied parameters used by several stages appear in each and are
+   reported by :func:`tied_parameters`.
+
+Stage 0 takes the model's own arguments (names and defaults); later stages take the live values
+of the cut before them, positionally; non-last stages return a tuple of the next stage's inputs.
+:class:`PipelineRunner` trains the stages with ``torch.distributed.pipelining`` (GPipe or 1F1B),
+one stage per rank, all-reducing gradients of tied parameters across stages.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+from torch import nn
+from torch.fx.node import map_arg
+
+from .errors import PipelineError
+
+__all__ = ["build_pipeline_stages", "tied_parameters", "PipelineRunner", "CUTS_KEY",
+           "pack_value", "unpack_value"]
+
+CUTS_KEY = "cut_pipeline_stage"  # root metadata: the cut paths, in call order
+
+
+def pack_value(value: Any) -> torch.Tensor:
+    """An int / bool / float / shape crossing a cut, as a tensor."""
+    if isinstance(value, (tuple, list)):
+        return torch.tensor([int(v) for v in value], dtype=torch.long)
+    return torch.tensor([value])
+
+
+def unpack_value(t: torch.Tensor, kind: str) -> Any:
+    """Inverse of :func:`pack_value`."""
+    items = t.tolist()
+    if kind == "size":
+        return torch.Size(items)
+    if kind == "tuple":
+        return tuple(items)
+    return {"int": int, "bool": bool, "float": float}[kind](items[0])
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _kind(value: Any) -> Optional[str]:
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if value is None:
+        return "none"
+    if isinstance(value, torch.Size):
+        return "size"
+    if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+        return "tuple"
+    for t in (bool, int, float):
+        if isinstance(value, t):
+            return t.__name__
+    return None
+
+
+# ---------------------------------------------------------------------- flattening
+def _inline(graph: fx.Graph, call: fx.Node, sub: fx.GraphModule, prefix: str) -> None:
+    args, kwargs = list(call.args), dict(call.kwargs)
+    env: Dict[fx.Node, Any] = {}
+    out: Any = None
+    with graph.inserting_before(call):
+        for n in sub.graph.nodes:
+            if n.op == "placeholder":
+                t = n.target
+                if t.startswith("**"):
+                    env[n], kwargs = dict(kwargs), {}
+                elif t.startswith("*"):
+                    env[n], args = tuple(args), []
+                elif args:
+                    env[n] = args.pop(0)
+                else:
+                    env[n] = kwargs.pop(t, n.args[0] if n.args else None)
+            elif n.op == "output":
+                out = map_arg(n.args[0], lambda x: env[x])
+            else:
+                new = graph.node_copy(n, lambda x: env[x])
+                if n.op in ("call_module", "get_attr"):
+                    new.target = f"{prefix}.{n.target}"
+                env[n] = new
+        if not isinstance(out, fx.Node):
+            out = graph.call_function(_identity, (out,))
+    call.replace_all_uses_with(out)
+    graph.erase_node(call)
+
+
+def _set_value(node: fx.Node, value: Any) -> None:
+    """Replace every use of ``node`` by ``value`` (a node or a constant)."""
+    for user in list(node.users):
+        user.args = map_arg(user.args, lambda x: value if x is node else x)
+        user.kwargs = map_arg(user.kwargs, lambda x: value if x is node else x)
+
+
+def _structure(node: Any) -> Any:
+    """The literal structure a node stands for (identity or output-builder), else None."""
+    if isinstance(node, fx.Node) and node.op == "call_function":
+        if node.target is _identity:
+            return node.args[0]
+        if getattr(node.target, "__name__", "").startswith("make_") and \
+                node.target.__module__ == "slapo.tracer":
+            return dict(node.args[0])
+    return None
+
+
+def _simplify(graph: fx.Graph) -> None:
+    """Resolve ``getitem``/``getattr`` on literal tuples, dicts and rebuilt model outputs."""
+    changed = True
+    while changed:
+        changed = False
+        for n in list(graph.nodes):
+            if n.op != "call_function" or n.target not in (operator.getitem, getattr):
+                continue
+            src, key = n.args[0], n.args[1]
+            struct = src if isinstance(src, (tuple, list, dict)) else _structure(src)
+            if struct is None:
+                continue
+            is_output = isinstance(src, fx.Node) and src.target is not _identity
+            if isinstance(struct, dict) and isinstance(key, int) and is_output:
+                struct = [v for v in struct.values() if v is not None]
+            try:
+                value = struct[key]
+            except (KeyError, IndexError, TypeError):
+                if n.target is getattr and isinstance(struct, dict):
+                    value = struct.get(key)
+                else:
+                    continue
+            _set_value(n, value)
+            graph.erase_node(n)
+            changed = True
+        for n in reversed(list(graph.nodes)):
+            if not n.users and _structure(n) is not None and n.op != "output":
+                graph.erase_node(n)
+                changed = True
+
+
+def _flat_graph(sch, cuts: Sequence[str]) -> Tuple[fx.GraphModule, fx.Graph]:
+    root = sch.root
+    if not isinstance(root.mod, fx.GraphModule):
+        raise PipelineError("the root module is not traced", path="", call="build stages",
+                            module=root.mod, hint="call sch.trace_until([...parents of the "
+                            "cut modules...]) before cutting")
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(root.mod.graph, {}))
+    while True:
+        todo = [n for n in graph.nodes if n.op == "call_module"
+                and any(c.startswith(n.target + ".") for c in cuts)]
+        if not todo:
+            break
+        for n in todo:
+            sub = root.mod.get_submodule(n.target)
+            if not isinstance(sub, fx.GraphModule):
+                raise PipelineError(f"'{n.target}' (on the way to a cut) is not traced",
+                                    path=n.target, call="build stages", module=sub,
+                                    hint=f"call sch.trace_until({list(cuts)!r})")
+            _inline(graph, n, sub, n.target)
+    _simplify(graph)
+    return root.mod, graph
+
+
+# ---------------------------------------------------------------------- stages
+def build_pipeline_stages(sch) -> List[fx.GraphModule]:
+    """Split the scheduled model at its cuts into stage modules (see module docstring).
+
+    Raises:
+        PipelineError: no cuts; an ancestor of a cut is not traced; a cut module is not called
+            exactly once at the flattened level; a non-tensor value that cannot be packed
+            crosses a cut.
+    """
+    cuts = list(sch.root.metadata.get(CUTS_KEY, []))
+    if not cuts:
+        raise PipelineError("no pipeline cuts", path=sch.path, call="build stages",
+                            hint="mark stage ends with sch['<path>'].cut_pipeline_stage()")
+    root_mod, graph = _flat_graph(sch, cuts)
+    nodes = list(graph.nodes)
+    calls = {c: [n for n in nodes if n.op == "call_module" and n.target == c] for c in cuts}
+    for c, found in calls.items():
+        if len(found) != 1:
+            raise PipelineError(f"'{c}' is called {len(found)} times in the flattened graph",
+                                path=c, call="cut_pipeline_stage()",
+                                hint="cut after a module that runs exactly once per forward")
+    stage_of: Dict[fx.Node, int] = {}
+    stage = 0
+    for n in nodes:
+        if n.op == "get_attr":
+            continue
+        stage_of[n] = 0 if n.op == "placeholder" else stage
+        if n.op == "call_module" and n.target in cuts:
+            stage += 1
+    num = stage + 1
+    stage_of[nodes[-1]] = num - 1
+    live: List[List[fx.Node]] = [[] for _ in range(num)]  # live[k]: inputs of stage k
+    for v in nodes:
+        if v.op in ("get_attr", "output") or v not in stage_of:
+            continue
+        last_use = max((stage_of[u] for u in v.users if u in stage_of), default=-1)
+        for k in range(stage_of[v] + 1, last_use + 1):
+            live[k].append(v)
+    stages = []
+    for k in range(num):
+        stages.append(_stage_module(root_mod, graph, k, num, stage_of, live))
+    return stages
+
+
+def _stage_module(root: nn.Module, graph: fx.Graph, k: int, num: int,
+                  stage_of: Dict[fx.Node, int], live: List[List[fx.Node]]) -> fx.GraphModule:
+    g = fx.Graph()
+    env: Dict[fx.Node, Any] = {}
+
+    def get(x: fx.Node) -> Any:
+        if x not in env and x.op == "get_attr":  # parameters are local to every stage using them
+            env[x] = g.node_copy(x)
+        return env[x]
+
+    if k > 0:
+        for v in live[k]:
+            kind = _kind(v.meta.get("val"))
+            if kind is None:
+                raise PipelineError(
+                    f"value '{v.name}' ({type(v.meta.get('val')).__name__}) crosses the cut "
+                    f"before stage {k}", call="cut_pipeline_stage()",
+                    hint="only tensors, None, ints and shapes can cross a cut; move the cut")
+            if kind == "none":
+                env[v] = None
+                continue
+            ph = g.placeholder(v.name)
+            env[v] = ph if kind == "tensor" else g.call_function(unpack_value, (ph, kind))
+    for n in graph.nodes:
+        if stage_of.get(n) != k or n.op == "output" and k != num - 1:
+            continue
+        if n.op == "output":
+            g.output(map_arg(n.args[0], get))
+            continue
+        env[n] = g.node_copy(n, get)
+    if k < num - 1:
+        outs = []
+        for v in live[k + 1]:
+            kind = _kind(v.meta.get("val"))
+            if kind == "none":
+                continue
+            outs.append(get(v) if kind == "tensor" else g.call_function(pack_value, (get(v),)))
+        g.output(tuple(outs))
+    gm = fx.GraphModule(root, g, class_name=f"PipelineStage{k}")
+    gm.meta["slapo_stage"] = {"index": k, "num_stages": num,
+                              "inputs": [v.name for v in live[k]] if k else None}
+    return gm
+
+
+def tied_parameters(stages: Sequence[nn.Module]) -> List[List[Tuple[int, str]]]:
+    """Groups ``[(stage, name), ...]`` of one parameter object used by several stages."""
+    groups: Dict[int, List[Tuple[int, str]]] = {}
+    for k, mod in enumerate(stages):
+        seen = set()
+        for name, p in mod.named_parameters(remove_duplicate=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                groups.setdefault(id(p), []).append((k, name))
+    return [g for g in groups.values() if len({s for s, _ in g}) > 1]
+
+
+# ---------------------------------------------------------------------- running
+def _model_loss(out: Any) -> torch.Tensor:
+    loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
+    if loss is None:
+        raise PipelineError("the last stage returned no loss", call="PipelineRunner",
+                            hint="pass loss_of=<fn(output) -> scalar> or give labels")
+    return loss
+
+
+class _LossStage(nn.Module):
+    def __init__(self, stage: nn.Module, loss_of: Callable[[Any], torch.Tensor]):
+        super().__init__()
+        self.stage, self.loss_of = stage, loss_of
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.loss_of(self.stage(*args, **kwargs))
+
+
+class PipelineRunner:
+    """Trains stage ``rank`` of ``stages`` with ``torch.distributed.pipelining``.
+
+    Args:
+        stages: all stage modules (from :func:`build_pipeline_stages`); this rank runs
+            ``stages[stage_index]`` (default: its rank); the others are used once, locally, to
+            derive the shapes passed between stages.
+        n_microbatches: microbatches per step (the batch must divide evenly).
+        schedule: ``"gpipe"`` or ``"1f1b"``.
+        loss_of: ``fn(last stage output) -> scalar``; default: the output's ``loss``.
+    """
+
+    def __init__(self, stages: Sequence[nn.Module], n_microbatches: int, *,
+                 schedule: str = "gpipe", stage_index: Optional[int] = None,
+                 group: Optional[dist.ProcessGroup] = None,
+                 loss_of: Callable[[Any], torch.Tensor] = _model_loss):
+        from torch.distributed import pipelining as pp
+
+        if schedule not in ("gpipe", "1f1b"):
+            raise PipelineError(f"unknown schedule {schedule!r}", call="PipelineRunner",
+                                hint="use 'gpipe' or '1f1b'")
+        self.stages = list(stages)
+        self.index = dist.get_rank(group) if stage_index is None else stage_index
+        self.n_micro, self.group, self.loss_of = n_microbatches, group, loss_of
+        self._pp, self._kind = pp, schedule
+        self._schedule = None
+        self._tie_groups = []
+        for tie in tied_parameters(self.stages):
+            ranks = sorted({s for s, _ in tie})
+            pg = dist.new_group(ranks) if len(ranks) < dist.get_world_size(group) else group
+            mine = [name for s, name in tie if s == self.index]
+            if mine:
+                self._tie_groups.append((pg, mine[0]))
+
+    def _build(self, inputs: Dict[str, torch.Tensor]) -> None:
+        pp = self._pp
+        micro = {k: v.chunk(self.n_micro)[0] for k, v in inputs.items()}
+        with torch.no_grad():
+            args: Any = None
+            ins = outs = None
+            for k, st in enumerate(self.stages):
+                out = st(**micro) if k == 0 else st(*args)
+                if k == self.index:
+                    ins = tuple(micro.values()) if k == 0 else tuple(args)
+                    outs = out if k < len(self.stages) - 1 else self.loss_of(out)
+                args = out
+        mod = self.stages[self.index]
+        if self.index == len(self.stages) - 1:
+            mod = _LossStage(mod, self.loss_of)
+        stage = pp.PipelineStage(mod, self.index, len(self.stages), torch.device("cpu"),
+                                 input_args=ins, output_args=outs, group=self.group)
+        cls = pp.ScheduleGPipe if self._kind == "gpipe" else pp.Schedule1F1B
+        self._schedule = cls(stage, self.n_micro, loss_fn=lambda out, target: out)
+
+    def step(self, inputs: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
+        """Forward + backward of one batch (keyword inputs of the model); gradients are left
+        in the stage's parameters. Returns the mean loss on the last stage, else None."""
+        if self._schedule is None:
+            self._build(inputs)
+        batch = next(iter(inputs.values())).shape[0]
+        losses: List[torch.Tensor] = []
+        kwargs = inputs if self.index == 0 else {}
+        self._schedule.step(**kwargs, target=torch.zeros(batch), losses=losses)
+        for pg, name in self._tie_groups:
+            p = self.stages[self.index].get_parameter(name)
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=pg)
+        if losses:
+            return torch.stack([loss.detach() for loss in losses]).mean()
+        return None

@@ -1,0 +1,73 @@
+"""``find``: a query on traced modules (not recorded in the history; its results are)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch.fx as fx
+
+from ..errors import PatternError
+from ..pattern import (PatternLike, SubgraphList, find_nodes, find_subgraphs, graph_modules,
+                       validate_pattern)
+from .module_checks import format_call
+from .registry import Primitive, register_primitive
+
+__all__ = ["Find"]
+
+
+@register_primitive
+class Find(Primitive):
+    name = "find"
+    record = False
+
+    @staticmethod
+    def apply(
+        sch,
+        pattern: Optional[PatternLike] = None,
+        *,
+        where: Optional[Callable[[fx.Node], bool]] = None,
+        allow_empty: bool = False,
+    ) -> SubgraphList:
+        """Find nodes or subgraphs in the traced module(s) at and below this node.
+
+        ``pattern``: a regex on called module names (``re.match`` on the ``call_module``
+        target relative to its traced parent), or a pattern function / ``nn.Module`` matched
+        by data edges (see :mod:`slapo.pattern`). ``where``: a node predicate (alone, or to
+        filter the matches' output nodes). Every GraphModule at or below this node is
+        searched (outermost first).
+
+        Returns a list of :class:`slapo.pattern.Subgraph` in graph order (non-overlapping),
+        accepted by ``replace``/``checkpoint``/``fuse``; the list and each item record
+        themselves in the history as this ``find`` call, so a replay finds them again.
+
+        Raises:
+            PatternError: invalid query; nothing traced here (call ``trace`` first); nothing
+                found (unless ``allow_empty=True``).
+        """
+        call = format_call("find", *([pattern] if pattern is not None else []),
+                           **({"where": where} if where is not None else {}))
+        validate_pattern(pattern, where)
+        graphs = graph_modules(sch)
+        if not graphs:
+            raise PatternError("nothing is traced at or below this module", path=sch.path,
+                               call=call, module=sch.mod,
+                               hint=f"call sch[{sch.path!r}].trace(...) first")
+        found = SubgraphList()
+        for path, gm in graphs:
+            if pattern is None or isinstance(pattern, str):
+                found.extend(find_nodes(path, gm, pattern, where))
+            else:
+                hits = find_subgraphs(path, gm, pattern)
+                found.extend(h for h in hits if where is None or where(h.output))
+        if not found and not allow_empty:
+            names = sorted({n.target for _, gm in graphs for n in gm.graph.nodes
+                            if n.op == "call_module"})
+            raise PatternError(
+                "no match", path=sch.path, call=call, module=sch.mod,
+                hint="called modules here: " + ", ".join(names[:12]) if names else
+                "the traced graph calls no modules; check the pattern's operations",
+            )
+        for i, sg in enumerate(found):
+            sg.query = (sch.path, pattern, where, i)
+        found.query = (sch.path, pattern, where)
+        return found

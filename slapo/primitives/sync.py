@@ -1,0 +1,224 @@
+"""``sync``: insert a tensor-parallel collective before/after a module (or on its gradient)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Optional, Union
+
+from torch import nn
+
+from ..errors import SyncError
+from ..forward_wrap import base_forward, copy_forward_wrappers
+from ..sharding.layout import PARTIAL, REPLICATED, Layout, SyncRecord, current_output, shard_info
+from ..sharding.rules import is_hf_conv1d
+from ..sharding.sync_ops import PostHook, PreHook, SyncOp
+from .module_checks import format_call
+from .registry import Primitive, register_primitive
+
+__all__ = ["Sync", "MODES", "OPS"]
+
+MODES = ("fwd_pre", "fwd_post", "bwd_post", "both")
+OPS = {
+    "fwd_post": ("all_reduce", "all_gather", "reduce_scatter", "scatter"),
+    "fwd_pre": ("all_reduce", "all_gather", "reduce_scatter", "scatter"),
+    "bwd_post": ("all_reduce",),
+    "both": ("all_reduce",),
+}
+_KWARGS = ("axis", "tensor_parallel_output_grad")
+
+
+def _first_param(mod: nn.Module) -> Optional[str]:
+    try:
+        params = list(inspect.signature(base_forward(mod)).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return params[0].name if params and params[0].kind in kinds else None
+
+
+@register_primitive
+class Sync(Primitive):
+    name = "sync"
+
+    @staticmethod
+    def apply(sch, mode: str, sync_op_or_fn: Union[str, Callable], **kwargs: Any) -> None:
+        """Synchronise this module's activations across the tensor-parallel group.
+
+        ``mode``: ``"fwd_post"`` (on the output), ``"fwd_pre"`` (on the first input; the other
+        inputs are kept), ``"bwd_post"`` (on the gradient w.r.t. the first input: identity
+        forward, all-reduce backward) or ``"both"`` (``all_reduce`` only: ``bwd_post`` then
+        ``fwd_post``, i.e. the entry and exit of a tensor-parallel region such as a
+        column-then-row MLP). String ops (autograd-aware, :mod:`slapo.sharding.collectives`):
+        ``all_reduce``, ``all_gather`` (``axis``; ``tensor_parallel_output_grad`` -- whether
+        the gradient arriving at the gathered tensor is a partial sum, so backward must
+        reduce-scatter rather than split; default False after a module, True before one),
+        ``reduce_scatter`` (``axis``), ``scatter`` (``axis``). Axes are activation axes; a
+        negative axis is checked at schedule time, a non-negative one at run time. A function is
+        registered as a hook: ``fwd_pre`` -> ``fn(mod, args)``, ``fwd_post`` ->
+        ``fn(mod, args, output)``, ``bwd_post`` -> full backward hook.
+
+        Layout rules, from the module's shard record (modules without one are not checked):
+        a fwd_post reduction needs a *partial* output; ``all_gather`` after a module needs its
+        output partitioned on that axis; ``scatter`` needs a replicated output; before a
+        row-parallel module (input partitioned) only ``scatter``/``reduce_scatter`` on that
+        axis fit, before a column-parallel one only ``all_gather``/``all_reduce``; ``bwd_post``
+        needs a partial input gradient (column-parallel). A row-parallel Linear/Conv1D with a
+        bias is swapped for :class:`slapo.op.linear.LinearWithSync` (same Parameters), so the
+        reduction happens before the bias is added once. Several syncs run in call order.
+
+        Raises:
+            SyncError: unknown mode, op or keyword; a layout rule is violated (e.g.
+                ``all_reduce`` on a partitioned output, ``all_gather`` on a partial one, a
+                wrong gather axis); a missing ``axis``; a function for the output of a
+                row-parallel module with a bias.
+        """
+        call = format_call("sync", mode, sync_op_or_fn, **kwargs)
+
+        def error(what: str, hint: str) -> SyncError:
+            return SyncError(what, path=sch.path, call=call, module=sch.mod, hint=hint)
+
+        if mode not in MODES:
+            raise error(f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
+        if callable(sync_op_or_fn) and not isinstance(sync_op_or_fn, str):
+            return _sync_fn(sch, mode, sync_op_or_fn, kwargs, error)
+        if not isinstance(sync_op_or_fn, str) or sync_op_or_fn not in OPS[mode]:
+            raise error(f"{sync_op_or_fn!r} is not a {mode} sync op",
+                        f"{mode} takes {', '.join(OPS[mode])} or a function")
+        unknown = sorted(set(kwargs) - set(_KWARGS))
+        if unknown:
+            raise error(f"unknown keyword(s) {', '.join(unknown)}",
+                        f"sync takes {', '.join(_KWARGS)}")
+        if mode == "both":
+            _check(sch, "bwd_post", "all_reduce", None, error)
+            _check(sch, "fwd_post", "all_reduce", None, error)
+            _install(sch, "bwd_post", "all_reduce", None, False, None)
+            _install(sch, "fwd_post", "all_reduce", None, False, None)
+            return None
+        axis = kwargs.get("axis")
+        if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool)):
+            raise error(f"axis must be an int, got {axis!r}", "e.g. axis=-1")
+        expect, axis = _check(sch, mode, sync_op_or_fn, axis, error)
+        tpog = kwargs.get("tensor_parallel_output_grad")
+        if tpog is None:
+            tpog = mode == "fwd_pre"
+        _install(sch, mode, sync_op_or_fn, axis, bool(tpog), expect)
+        return None
+
+
+def _check(sch, mode: str, op: str, axis: Optional[int], error):
+    """Validate ``op`` in ``mode`` against the layouts; returns ``(expected_axis, axis)``."""
+    info = shard_info(sch)
+    layout = info.layout if info is not None else None
+    needs_axis = op in ("all_gather", "scatter", "reduce_scatter")
+    expect: Optional[int] = None
+    if mode == "fwd_post" and layout is not None:
+        cur = current_output(sch)
+        if cur is not None:
+            if op in ("all_reduce", "reduce_scatter") and cur != PARTIAL:
+                raise error(f"{op} needs a partial-sum output, but the output is {cur}",
+                            _fix_for(cur))
+            if op == "all_gather":
+                if cur.kind != "partition":
+                    raise error(f"all_gather needs a partitioned output, but the output is {cur}",
+                                _fix_for(cur))
+                expect = cur.axis
+            if op == "scatter" and cur != REPLICATED:
+                raise error(f"scatter needs a replicated output, but the output is {cur}",
+                            _fix_for(cur))
+    if mode == "fwd_pre" and layout is not None:
+        want = layout.input
+        if op in ("all_reduce", "all_gather") and want != REPLICATED:
+            raise error(f"the module's input must stay {want} (it is row-parallel); {op} would "
+                        "make it replicated", "remove this sync, or scatter the input instead")
+        if op in ("scatter", "reduce_scatter"):
+            if want.kind != "partition":
+                raise error(f"the module needs a {want} input (it is column-parallel); {op} "
+                            "would partition it", "remove this sync")
+            expect = want.axis
+    if mode == "bwd_post":
+        if layout is not None and not layout.input_grad_partial:
+            raise error("the gradient of the module's input is not a partial sum (the module "
+                        "is not column-parallel); all-reducing it would scale it",
+                        "use bwd_post all_reduce on column-parallel modules only")
+        if any(r.mode == "bwd_post" for r in sch.metadata.get("sync", [])):
+            raise error("the input gradient is already all-reduced by an earlier bwd_post sync",
+                        "sync('bwd_post', ...) once per module")
+    if needs_axis:
+        if axis is None:
+            axis = expect
+        if axis is None:
+            raise error(f"{op} needs the activation axis", "pass axis=..., e.g. axis=1 for "
+                        "the sequence axis of [batch, seq, hidden] activations")
+        if expect is not None and axis < 0 and axis != expect:
+            raise error(f"{op} along axis {axis}, but the layout is partitioned on axis {expect}",
+                        f"use axis={expect}")
+    return expect, axis
+
+
+def _fix_for(cur: Layout) -> str:
+    if cur == PARTIAL:
+        return "sum a partial output with all_reduce (or reduce_scatter)"
+    if cur.kind == "partition":
+        return f"gather a partitioned output with all_gather(axis={cur.axis})"
+    return "the output is already complete on every rank; remove this sync"
+
+
+def _install(sch, mode: str, op: str, axis: Optional[int], tpog: bool,
+             expect: Optional[int]) -> None:
+    call = format_call("sync", mode, op, **({} if axis is None else {"axis": axis}))
+    sync_op = SyncOp(op, mode, axis=axis, tensor_parallel_output_grad=tpog, group=sch.group,
+                     path=sch.path, expect_axis=expect, call=call)
+    record = SyncRecord(mode, op, axis, tpog if op == "all_gather" else None)
+    mod = sch.mod
+    if mode == "fwd_post" and op in ("all_reduce", "reduce_scatter") and \
+            current_output(sch) == PARTIAL and getattr(mod, "bias", None) is not None:
+        _sync_before_bias(sch, sync_op, call=call)
+    elif mode == "fwd_post":
+        mod.register_forward_hook(PostHook(sync_op))
+    elif mode == "fwd_pre":
+        mod.register_forward_pre_hook(PreHook(sync_op, _first_param(mod)), with_kwargs=True)
+    else:  # bwd_post: wrap the first input so its gradient is all-reduced
+        mod.register_forward_pre_hook(PreHook(sync_op, _first_param(mod)), with_kwargs=True)
+    sch.metadata.setdefault("sync", []).append(record)
+
+
+def _sync_before_bias(sch, sync_op: SyncOp, call: str) -> None:
+    """Row-parallel Linear/Conv1D with a bias: reduce the bias-free product, then add the bias."""
+    from ..op.linear import LinearWithSync
+
+    mod = sch.mod
+    if isinstance(mod, LinearWithSync):
+        mod.sync_fn = sync_op
+        return
+    if not isinstance(mod, nn.Linear) and not is_hf_conv1d(mod):
+        raise SyncError("the output is a partial sum and the module adds a bias, which would be "
+                        f"counted world_size times; {type(mod).__name__} has no bias-after-"
+                        "reduction form", path=sch.path, call=call, module=mod,
+                        hint="shard only bias-free modules on their input axis, or replace the "
+                        "module by one that adds its bias after a reduction")
+    new = LinearWithSync.from_module(mod, sync_op)
+    sch.replace(new, check_signature=False)
+    copy_forward_wrappers(mod, new)
+
+
+def _sync_fn(sch, mode: str, fn: Callable, kwargs: dict, error) -> None:
+    if kwargs:
+        raise error(f"keyword(s) {', '.join(sorted(kwargs))} only apply to string sync ops",
+                    "bind them into the function (e.g. functools.partial)")
+    if mode == "both":
+        raise error("mode 'both' only takes 'all_reduce'", "register the function per mode")
+    mod = sch.mod
+    if mode == "fwd_post" and current_output(sch) == PARTIAL and \
+            getattr(mod, "bias", None) is not None:
+        raise error("the output is a partial sum with the bias already added on every rank; a "
+                    "function cannot reduce before the bias",
+                    "use sync('fwd_post', 'all_reduce') or 'reduce_scatter'")
+    if mode == "fwd_pre":
+        mod.register_forward_pre_hook(fn)
+    elif mode == "fwd_post":
+        mod.register_forward_hook(fn)
+    else:
+        mod.register_full_backward_hook(fn)
+    name = getattr(fn, "__name__", type(fn).__name__)
+    sch.metadata.setdefault("sync", []).append(SyncRecord(mode, f"<{name}>", user_fn=True))
+    return None

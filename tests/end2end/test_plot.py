@@ -1,0 +1,70 @@
+"""Figure 7 plotting (end2end/plot.py) from a fixture results file written here."""
+
+import pytest
+
+from end2end.config import expand, parse_lines
+from end2end.plot import figure7_table, main, make_figure, speedups
+from end2end.results import ResultRow, append_result, read_results
+
+LINES = ["megatron bert-xlarge 2,4 512 0 8 0", "slapo-megatron bert-xlarge 2,4 512 0 8 0",
+         "slapo-megatron bert-xlarge 2,4 512 0 8 0.5",
+         "deepspeed bert-xlarge 2,4 512 0 8 0", "slapo-deepspeed bert-xlarge 2,4 512 0 8 0",
+         "slapo-megatron roberta-xlarge 2,4 512 0 8 0", "deepspeed roberta-xlarge 2,4 512 0 8 0",
+         "eager cpu/bert 1 128 0 4 0", "slapo cpu/bert 1 128 0 4 0"]
+THROUGHPUT = {"megatron": 10.0, "slapo-megatron": 12.0, "deepspeed": 8.0,
+              "slapo-deepspeed": 11.0, "eager": 2.0, "slapo": 3.0}
+
+
+@pytest.fixture()
+def results_file(tmp_path):
+    path = tmp_path / "fixture.tsv"
+    for spec in expand(parse_lines(LINES, "fixture.cfg")):
+        thr = THROUGHPUT[spec.mode] * spec.n / 2 + (1.0 if spec.ckpt == "0.5" else 0.0)
+        if spec.model == "roberta-xlarge" and spec.mode == "deepspeed" and spec.n == 4:
+            row = ResultRow.from_spec(spec, "oom", error="CUDA out of memory")
+        else:
+            row = ResultRow.from_spec(spec, "ok", thrpt=thr, device="cuda: fixture")
+        append_result(path, row, {"device": "fixture"})
+    return path
+
+
+def test_table_takes_max_over_ckpt_and_keeps_failures(results_file):
+    table = figure7_table(read_results(results_file).rows)
+    assert list(table) == ["bert-xlarge", "roberta-xlarge", "cpu/bert"]
+    assert table["bert-xlarge"][2]["slapo-megatron"].thrpt == 13.0  # max(12, 12+1)
+    assert table["bert-xlarge"][2]["slapo-megatron"].rows == 2
+    cell = table["roberta-xlarge"][4]["deepspeed"]
+    assert (cell.thrpt, cell.status) == (None, "oom")
+    assert "megatron" not in table["roberta-xlarge"][2]
+
+
+def test_speedups(results_file):
+    items = {(m, n, a, b): r for m, n, a, b, r in speedups(figure7_table(
+        read_results(results_file).rows))}
+    assert items[("bert-xlarge", 2, "slapo-megatron", "megatron")] == pytest.approx(1.3)
+    assert items[("bert-xlarge", 4, "slapo-deepspeed", "deepspeed")] == pytest.approx(11 / 8)
+    assert items[("cpu/bert", 1, "slapo", "eager")] == pytest.approx(1.5)
+    assert ("roberta-xlarge", 4, "slapo-deepspeed", "deepspeed") not in items  # OOM baseline
+    assert items[("bert-xlarge", 2, "best-slapo", "best-baseline")] == pytest.approx(1.3)
+
+
+def test_figure_panels(results_file):
+    fig = make_figure(figure7_table(read_results(results_file).rows))
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["BERT-1B", "RoBERTa-1.3B", "BERT (CPU)"]
+    assert len(visible[0].patches) == 8  # 4 systems with a throughput x 2 GPU counts
+    assert [t.get_text() for t in visible[0].get_xticklabels()] == ["2", "4"]
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:6] == ["Megatron-LM", "Slapo-TP", "DeepSpeed", "Slapo-ZeRO3", "Eager", "Slapo"]
+    assert legend[6:] == ["OOM / failed", "not supported / not run"]
+    assert len(visible[2].patches) == 2  # CPU panel: only the eager/slapo group
+
+
+def test_cli_writes_png_and_pdf(results_file, tmp_path, capsys):
+    out = tmp_path / "figs" / "fig7"
+    assert main([str(results_file), "-o", str(out)]) == 0
+    for suffix in (".png", ".pdf"):
+        f = out.parent / ("fig7" + suffix)
+        assert f.exists() and f.stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert "BERT-1B n=2: Slapo-TP / Megatron-LM = 1.30x" in printed

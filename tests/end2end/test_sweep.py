@@ -1,0 +1,53 @@
+"""Sweep helpers: progress/ETA, launch commands, skipped rows (no driver needed)."""
+
+import io
+
+from end2end.config import expand, parse_lines
+from end2end.launch import deepspeed_command, single_node_command, torchrun_node_command
+from end2end.multi_node.launch import main as multi_node_main
+from end2end.progress import Progress, format_duration
+from end2end.results import read_results
+from end2end.sweep import run_sweep
+
+
+def test_progress_lines_and_eta():
+    now = [0.0]
+    out = io.StringIO()
+    p = Progress(3, stream=out, clock=lambda: now[0])
+    assert p.start("slapo-deepspeed cpu/gpt-neo n=2 bs=4") == (
+        "[1/3] slapo-deepspeed cpu/gpt-neo n=2 bs=4 ... ETA ?")
+    now[0] += 100
+    p.finish("ok")
+    assert p.start("b").endswith("ETA 3m")  # 2 runs left x 100 s
+    assert format_duration(3900) == "1h05m" and format_duration(42) == "42s"
+
+
+def test_commands():
+    (spec,) = expand(parse_lines(["#@ steps=5", "slapo-megatron gpt-10b 16 1024 0 256 0.5"]))
+    cmd = single_node_command(spec, "r.tsv")
+    assert cmd[:3] == ["torchrun", "--standalone", "--nproc_per_node=16"]
+    assert cmd[3:5] == ["-m", "end2end.bench"] and cmd[-2:] == ["--results", "r.tsv"]
+    assert "--steps" in cmd and "--ckpt" in cmd
+    node = torchrun_node_command(spec, "r.tsv", 2, 8, "host0")
+    assert "--rdzv_endpoint=host0:29500" in node and "--nnodes=2" in node
+    ds = deepspeed_command(spec, "r.tsv", "hosts", 2, 8, "host0")
+    assert ds[:3] == ["deepspeed", "--hostfile=hosts", "--num_nodes=2"] and "--module" in ds
+
+
+def test_multi_node_dry_run(capsys):
+    assert multi_node_main(["--hosts", "a,b", "--only-n", "16", "--dry-run",
+                            "--results", "/nonexistent/fig8.tsv"]) == 0
+    out = capsys.readouterr().out
+    assert "ssh a " in out and "ssh b " in out and "--nnodes=2" in out
+    assert "--model llama-7b" in out and "--model gpt-10b" in out and "n=32" not in out
+
+
+def test_runs_needing_more_devices_become_skipped_rows(tmp_path, capsys):
+    cfg = tmp_path / "c.cfg"
+    cfg.write_text("slapo cpu/bert 4 128 0 4 0\n")
+    res = tmp_path / "r.tsv"
+    assert run_sweep(str(cfg), str(res), max_devices=2) == 1
+    (row,) = read_results(res).rows
+    assert row.status == "skipped" and "needs 4 devices" in row.error
+    assert run_sweep(str(cfg), str(res), max_devices=2) == 0  # resumed: nothing left
+    assert "0 to run" in capsys.readouterr().out

@@ -1,0 +1,85 @@
+"""Vocab-parallel cross-entropy, alone and behind a vocab-parallel embedding + LM head."""
+
+import copy
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import slapo
+from slapo.op.cross_entropy import VocabParallelCausalLMLoss, vocab_parallel_cross_entropy
+from slapo.sharding import check_layouts
+from slapo.testing import example_inputs, run_distributed, tiny_model
+from tests.sharding.helpers import train_and_compare
+
+CASES = [dict(), dict(label_smoothing=0.1), dict(reduction="sum"),
+         dict(reduction="none", label_smoothing=0.2)]
+
+
+def _targets():
+    t = torch.tensor([0, 4, 5, 9, -100, 3, 7, -100, 2, 5])  # shard edges of a 10-word vocab
+    return t.view(2, 5)
+
+
+def _compare(logits_full, target, rank, world, **kw):
+    v = logits_full.shape[-1] // world
+    full = logits_full.detach().clone().requires_grad_()
+    local = logits_full[..., rank * v:(rank + 1) * v].detach().clone().requires_grad_()
+    want = F.cross_entropy(full.reshape(-1, full.shape[-1]), target.reshape(-1),
+                           ignore_index=-100, **kw)
+    got = vocab_parallel_cross_entropy(local, target, **kw)
+    torch.testing.assert_close(got, want.view_as(got), rtol=1e-5, atol=1e-6)
+    w = torch.rand_like(want) + 0.5
+    (want * w).sum().backward()
+    (got * w.view_as(got)).sum().backward()
+    torch.testing.assert_close(local.grad, full.grad[..., rank * v:(rank + 1) * v],
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kw", CASES)
+def test_single_process_equals_cross_entropy(kw):
+    _compare(torch.randn(2, 5, 10) * 3, _targets(), 0, 1, **kw)
+
+
+def test_cross_entropy_errors():
+    with pytest.raises(slapo.SlapoError, match=r"do not match targets"):
+        vocab_parallel_cross_entropy(torch.randn(2, 5, 10), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(slapo.SlapoError, match=r"unknown reduction 'avg'"):
+        vocab_parallel_cross_entropy(torch.randn(3, 10), torch.zeros(3, dtype=torch.long),
+                                     reduction="avg")
+
+
+def _vocab_parallel():
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 10) * 3
+    for kw in CASES:
+        _compare(logits, _targets(), rank, 2, **kw)
+
+    # embedding + LM head (tied) vocab-parallel, loss without gathering the logits
+    ref = tiny_model("gpt2", use_cache=False)
+    model = copy.deepcopy(ref)
+    sch = slapo.create_schedule(model)
+    sch["lm_head"].shard("weight", axis=0)  # ties: wte becomes a vocab-parallel embedding
+    sch["transformer.wte"].sync("fwd_post", "all_reduce")
+    sch["lm_head"].sync("bwd_post", "all_reduce")
+    model.loss_function = VocabParallelCausalLMLoss()
+    assert check_layouts(sch) == []
+    inputs = example_inputs("gpt2")
+    inputs["input_ids"][0, :3] = torch.tensor([64, 0, 63])  # both shard starts, one shard end
+    inputs["labels"] = inputs["input_ids"].clone()
+    inputs["labels"][1, 2] = -100
+
+    def out_fn(out):
+        logits = out.logits
+        if logits.shape[-1] == 128:
+            logits = logits[..., rank * 64:(rank + 1) * 64]
+        return {"loss": out.loss, "logits": logits}
+
+    train_and_compare(ref, model, inputs, steps=3, out_fn=out_fn, rtol=1e-4, atol=1e-5)
+    return True
+
+
+def test_vocab_parallel_loss_and_embedding_match_reference():
+    assert run_distributed(_vocab_parallel, 2) == [True, True]
