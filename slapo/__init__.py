@@ -41,11 +41,13 @@ from . import sharding  # noqa: F401  (slapo.sharding.check_layouts, ...)
 from .sharding import check_layouts, reduce_replicated_grads
 from .explain import explain
 from .verify import Verify, VerifyReport, verify
+from .verify_rules import Problem, check_schedule
 
 __version__ = "0.1.0"
 
 __all__ = [
     "create_schedule", "Schedule", "build", "verify", "Verify", "VerifyReport", "explain",
+    "check_schedule", "Problem",
     "Primitive", "register_primitive", "list_primitives",
     "History", "HistoryEntry", "Deferred",
     "checkpoint", "init_empty_weights", "materialize", "save_checkpoint", "load_checkpoint",

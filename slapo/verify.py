@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -31,11 +32,13 @@ from torch import nn
 from .errors import VerifyError
 from .schedule import Schedule
 from .testing.compare import outputs_of
+from .verify_rules import Problem, check_schedule
 from .verify_tools import (
     Difference,
     OutputRecorder,
     compare,
     default_tolerances,
+    first_difference,
     first_tensor,
     to_full,
 )
@@ -52,11 +55,17 @@ class VerifyReport:
     grads: Dict[str, Difference] = dataclasses.field(default_factory=dict)
     params_after_step: Dict[str, Difference] = dataclasses.field(default_factory=dict)
     first_divergence: Optional[Tuple[str, Difference]] = None
+    first_grad_divergence: Optional[Tuple[str, Difference]] = None
+    error: Optional[Tuple[str, str]] = None  # (module path, exception) raised by the schedule
+    problems: List[Problem] = dataclasses.field(default_factory=list)
     unmatched: List[str] = dataclasses.field(default_factory=list)
     ok: bool = True
 
     def failures(self) -> List[str]:
-        out = [f"output '{k}' differs ({d})" for k, d in self.outputs.items() if not d.ok]
+        out = [f"rule: {p}" for p in self.problems]
+        if self.error is not None:
+            out.append(f"the scheduled model raised in '{self.error[0]}': {self.error[1]}")
+        out += [f"output '{k}' differs ({d})" for k, d in self.outputs.items() if not d.ok]
         bad = [(k, d) for k, d in self.grads.items() if not d.ok]
         if bad:
             shown = "; ".join(f"'{k}' ({d})" for k, d in bad[:4])
@@ -76,6 +85,10 @@ class VerifyReport:
         if self.first_divergence is not None:
             path, d = self.first_divergence
             lines.append(f"  first divergence at '{path}' ({d})")
+        if self.first_grad_divergence is not None:
+            path, d = self.first_grad_divergence
+            lines.append(f"  first divergence in backward: gradient of the output of '{path}' "
+                         f"({d})")
         if self.unmatched:
             lines.append(f"  not compared (no parameter of that name after scheduling): "
                          f"{', '.join(self.unmatched[:6])}" + (" ..." if len(self.unmatched) > 6
@@ -159,6 +172,7 @@ def verify(
     eval_mode: bool = True,
     seed: int = 2023,
     localize: bool = True,
+    rules: bool = True,
     raise_on_mismatch: bool = True,
 ) -> VerifyReport:
     """Compare the scheduled model with the original on ``example_inputs``.
@@ -175,13 +189,26 @@ def verify(
         steps: with ``steps > 1``, take that many SGD(``lr``) steps and compare parameters too.
         eval_mode: run in eval mode (no dropout); in train mode, dropout masks must match, which
             holds only outside ``fork_rng`` regions.
-        localize: record module outputs to name the first diverging module on a mismatch.
+        localize: record module outputs (and output gradients) to name the first diverging
+            module on a mismatch.
+        rules: first check the schedule's rules (``check_schedule``); any problem fails the
+            verification without running the model.
         raise_on_mismatch: raise :class:`VerifyError` (else just return the report).
 
     The scheduled model's weights, gradients, dtypes and mode are restored afterwards.
     """
     root = sch.root
     group = root.group
+    if rules:
+        problems = check_schedule(root)
+        if problems:
+            report = VerifyReport(problems=problems, ok=False,
+                                  rank=dist.get_rank() if dist.is_initialized() else 0)
+            if raise_on_mismatch:
+                raise VerifyError(str(report), call="verify",
+                                  hint="fix the listed rule violations (or rules=False to run "
+                                  "the numerical check anyway)")
+            return report
     ref_src = reference if reference is not None else getattr(root, "original", None)
     if ref_src is None:
         raise VerifyError("no original model to compare with", call="verify",
@@ -200,8 +227,11 @@ def verify(
             t.data = _broadcast_(t.data, group)
     saved = _SavedState(model)
     try:
-        report = _run(ref_model, model, example_inputs, group, check_grads, dtype, rtol, atol,
-                      steps, lr, eval_mode, seed, localize)
+        with warnings.catch_warnings():
+            # Module backward hooks (used for localisation) warn about HF dict outputs: harmless.
+            warnings.filterwarnings("ignore", message=".*(backward hook|backward hooks).*")
+            report = _run(ref_model, model, example_inputs, group, check_grads, dtype, rtol, atol,
+                          steps, lr, eval_mode, seed, localize)
     finally:
         saved.restore()
     report.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -217,6 +247,8 @@ def verify(
 
 
 def _hint(report: VerifyReport, dtype: Optional[torch.dtype]) -> str:
+    if report.error is not None:
+        return f"the error happened in '{report.error[0]}'; check how it was scheduled"
     if report.first_divergence is not None:
         return (f"inspect the schedule of '{report.first_divergence[0]}' (print(sch) shows what "
                 "changed there)")
@@ -249,10 +281,12 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
         torch.manual_seed(seed + step)
         ref_out = _call(ref_model, inputs)
         torch.manual_seed(seed + step)
-        out = _call(model, inputs)
-        if recorders is not None:
-            for r in recorders:
-                r.remove()
+        try:
+            out = _call(model, inputs)
+        except Exception as e:  # noqa: BLE001 - reported with the module that raised
+            where = recorders[1].active[-1] if recorders and recorders[1].active else "<root>"
+            report.error = (where, f"{type(e).__name__}: {e}".splitlines()[0][:300])
+            break
         if step == 0:
             ref_t, sch_t = outputs_of(ref_out), outputs_of(out)
             for k, t in ref_t.items():
@@ -264,6 +298,13 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
             _backward_scalar(ref_out, ref_out, None).backward()
             _backward_scalar(out, ref_out, group).backward()
             _reduce_replicated_grads(model, group)
+        if recorders is not None:
+            for r in recorders:
+                r.remove()
+            report.first_divergence = first_difference(
+                recorders[0].records, recorders[1].records, group, rtol, atol)
+            report.first_grad_divergence = first_difference(
+                recorders[0].grad_records, recorders[1].grad_records, group, rtol, atol)
         if check_grads and step == 0:
             for name, p in ref_model.named_parameters():
                 q = sch_params.get(name)
@@ -282,11 +323,12 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
                 if q is not None:
                     report.params_after_step[name] = compare(
                         to_full(q.data, group, p.data, param=q), p.data, rtol, atol)
-        if recorders is not None:
-            report.first_divergence = _first_divergence(*recorders, group, rtol, atol)
+    if recorders is not None:
+        for r in recorders:
+            r.remove()
     report.ok = not report.failures()
     if report.ok:
-        report.first_divergence = None
+        report.first_divergence = report.first_grad_divergence = None
     return report
 
 
@@ -297,23 +339,6 @@ def _reduce_replicated_grads(model: nn.Module, group) -> None:
     for p in model.parameters():
         if getattr(p, "replicated_param", False) and p.grad is not None:
             dist.all_reduce(p.grad, group=group)
-
-
-def _first_divergence(ref_rec: OutputRecorder, sch_rec: OutputRecorder, group, rtol, atol):
-    """The first module (in the scheduled model's finishing order) whose output differs.
-
-    Every rank makes the same sequence of gathers (same structure), then decides locally.
-    """
-    ref = ref_rec.by_key()
-    first = None
-    for path, n, t in sch_rec.records:
-        expected = ref.get((path, n))
-        if expected is None:
-            continue
-        diff = compare(to_full(t, group, like=expected), expected, rtol, atol)
-        if first is None and not diff.ok:
-            first = (path, diff)
-    return first
 
 
 class Verify:

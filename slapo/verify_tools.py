@@ -16,9 +16,10 @@ __all__ = [
     "default_tolerances",
     "Difference",
     "compare",
-    "gather_shards",
+    "gather_chunks",
     "to_full",
     "OutputRecorder",
+    "first_difference",
     "first_tensor",
 ]
 
@@ -78,34 +79,33 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: flo
     return Difference(max_abs, max_rel, ok)
 
 
-def gather_shards(local: torch.Tensor, axis: int, group: Optional[dist.ProcessGroup]) -> torch.Tensor:
-    """Concatenate the equal-sized ``local`` chunks of every rank of ``group`` along ``axis``."""
+def gather_chunks(local: torch.Tensor, group: Optional[dist.ProcessGroup]) -> List[torch.Tensor]:
+    """Every rank's equal-shaped ``local`` tensor, in rank order."""
     world = dist.get_world_size(group)
     parts = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(parts, local.detach().contiguous(), group=group)
-    return torch.cat(parts, dim=axis)
+    return parts
 
 
 def to_full(t: torch.Tensor, group: Optional[dist.ProcessGroup], like: torch.Tensor,
             param: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """The full (unsharded) version of ``t``, a parameter's value or gradient.
+    """The full (unsharded) version of ``t``, a parameter's value or gradient, or an activation.
 
-    Uses the parameter's ``ShardSpec`` when it has one; otherwise, when ``t``'s shape differs from
-    the reference ``like`` in exactly one dimension by the group size, gathers along it (an
-    activation partitioned by tensor parallelism). Otherwise ``t`` is returned as is.
+    Uses the parameter's ``ShardSpec`` when it has one (``spec.join``, so fused q/k/v shards
+    reassemble correctly); otherwise, when ``t``'s shape differs from the reference ``like`` in
+    exactly one dimension by the group size, gathers along it (an activation partitioned by
+    tensor parallelism). Otherwise ``t`` is returned as is. Every rank must make the same calls.
     """
     spec = get_shard_spec(param if param is not None else t)
     distributed = dist.is_available() and dist.is_initialized()
     if spec is not None and spec.world_size > 1:
-        if not distributed:
-            return t
-        return gather_shards(t, spec.axis, group)
+        return spec.join(gather_chunks(t, group)) if distributed else t
     if not distributed or tuple(t.shape) == tuple(like.shape) or t.dim() != like.dim():
         return t
     world = dist.get_world_size(group)
     axes = [i for i, (a, b) in enumerate(zip(t.shape, like.shape)) if a != b]
     if len(axes) == 1 and t.shape[axes[0]] * world == like.shape[axes[0]]:
-        return gather_shards(t, axes[0], group)
+        return torch.cat(gather_chunks(t, group), dim=axes[0])
     return t
 
 
@@ -124,21 +124,41 @@ def first_tensor(value: Any) -> Optional[torch.Tensor]:
 
 
 class OutputRecorder:
-    """Records the first tensor output of every module call, keyed by path, in finishing order.
+    """Records, for every module call, the first tensor of its output (forward) and of the
+    gradient w.r.t. its output (backward), keyed by ``(path, call index)`` in finishing order.
 
-    Forward hooks finish children before parents, so the first differing record in this order
-    is the innermost module where the outputs start to differ.
+    Forward hooks finish children before parents, so the first differing forward record is the
+    innermost module where the outputs start to differ; backward records arrive in backward
+    order, so the first differing one is the module closest to the loss whose output gradient is
+    wrong. ``active`` is the stack of modules currently running; after an exception it still
+    holds the modules the exception passed through, innermost last.
     """
 
     def __init__(self, model: nn.Module):
         self.records: List[Tuple[str, int, torch.Tensor]] = []
+        self.grad_records: List[Tuple[str, int, torch.Tensor]] = []
+        self.active: List[str] = []
         self._calls: Dict[str, int] = {}
+        self._grad_calls: Dict[str, int] = {}
         self._handles = []
         for path, mod in model.named_modules(remove_duplicate=False):
-            self._handles.append(mod.register_forward_hook(self._hook(path or "<root>")))
+            path = path or "<root>"
+            self._handles += [
+                mod.register_forward_pre_hook(self._enter(path)),
+                mod.register_forward_hook(self._exit(path)),
+                mod.register_full_backward_pre_hook(self._grad(path)),
+            ]
 
-    def _hook(self, path: str):
+    def _enter(self, path: str):
+        def hook(mod, args):
+            self.active.append(path)
+
+        return hook
+
+    def _exit(self, path: str):
         def hook(mod, args, out):
+            if self.active and self.active[-1] == path:
+                self.active.pop()
             t = first_tensor(out)
             if t is None:
                 return
@@ -148,10 +168,34 @@ class OutputRecorder:
 
         return hook
 
-    def by_key(self) -> Dict[Tuple[str, int], torch.Tensor]:
-        return {(p, n): t for p, n, t in self.records}
+    def _grad(self, path: str):
+        def hook(mod, grad_output):
+            t = first_tensor(grad_output)
+            if t is not None:
+                n = self._grad_calls.get(path, 0)
+                self._grad_calls[path] = n + 1
+                self.grad_records.append((path, n, t.detach().clone()))
+
+        return hook
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+
+def first_difference(ref: List[Tuple[str, int, torch.Tensor]],
+                     mine: List[Tuple[str, int, torch.Tensor]], group, rtol: float,
+                     atol: float) -> Optional[Tuple[str, Difference]]:
+    """The first record of ``mine`` (in its order) that differs from ``ref``'s record of the same
+    module call. Every rank makes the same sequence of gathers, then decides locally."""
+    expected_by_key = {(p, n): t for p, n, t in ref}
+    first = None
+    for path, n, t in mine:
+        expected = expected_by_key.get((path, n))
+        if expected is None:
+            continue
+        diff = compare(to_full(t, group, like=expected), expected, rtol, atol)
+        if first is None and not diff.ok:
+            first = (path, diff)
+    return first
