@@ -47,12 +47,12 @@ def build(
     if not isinstance(sch, Schedule):
         raise BuildError(f"expected a Schedule, got {type(sch).__name__}", call="build",
                          hint="pass the object returned by slapo.create_schedule(model)")
-    dialect = get_dialect(target)
+    dialect = get_dialect(target, path=sch.path)
     unknown = sorted(set(kwargs) - set(dialect.options))
     if unknown:
         raise BuildError(
             f"target '{dialect.name}' does not take option(s) {', '.join(unknown)}",
-            call="build", hint=f"its options are: {', '.join(dialect.options) or 'none'}",
+            call="build", path=sch.path, hint=f"its options are: {', '.join(dialect.options) or 'none'}",
         )
     model = materialize(sch, init_weights, device=device, seed=init_seed)
     return dialect.build(sch, model, **kwargs)

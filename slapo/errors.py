@@ -87,7 +87,8 @@ class SlapoError(Exception):
         if self.call:
             where.append(self.call)
         if self.path is not None:
-            where.append(f"on '{self.path}'" if self.call else f"'{self.path}'")
+            path = self.path or "<root>"
+            where.append(f"on '{path}'" if self.call else f"'{path}'")
         if self.module_desc:
             where.append(f"({self.module_desc})")
         msg = (" ".join(where) + ": " if where else "") + _sentence(self.what)

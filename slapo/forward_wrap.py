@@ -4,8 +4,8 @@ Primitives such as ``checkpoint`` and ``fork_rng`` change *how* a module runs, n
 Instead of inserting a wrapper module (which would rename every parameter below it), they add a
 wrapper to the instance's forward chain::
 
-    install_forward_wrapper(mod, "checkpoint", checkpoint_forward)
-    # mod.forward(*a, **kw) == checkpoint_forward(<class forward bound to mod>, *a, **kw)
+    install_forward_wrapper(mod, "checkpoint", CheckpointForward(path))
+    # mod.forward(*a, **kw) == CheckpointForward(path)(<class forward bound to mod>, *a, **kw)
 
 Wrappers are module-level callables ``wrapper(inner_forward, *args, **kwargs)``; the chain is
 stored on the module (``mod._slapo_forward_wrappers``), so it survives ``copy.deepcopy`` and

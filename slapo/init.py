@@ -113,7 +113,7 @@ def materialize(
     if init_weights is None or init_weights is False:
         raise InitError(
             "the model has parameters on the meta device but build() was given no init_weights",
-            call="build", hint="pass init_weights=True (modules' own initialisers) or a "
+            call="build", path=prefix, hint="pass init_weights=True (modules' own initialisers) or a "
             "function init_weights(module)",
         )
     device = _resolve_device(device)

@@ -211,13 +211,14 @@ def verify(
             return report
     ref_src = reference if reference is not None else getattr(root, "original", None)
     if ref_src is None:
-        raise VerifyError("no original model to compare with", call="verify",
+        raise VerifyError("no original model to compare with", call="verify", path=sch.path,
                           hint="pass reference=<unscheduled model>, create the schedule with "
                           "create_schedule(model, keep_original=True), or use a Verify block")
     ref_model = copy.deepcopy(ref_src)
     model = root.mod
     if any(t.is_meta for t in list(model.parameters()) + list(ref_model.parameters())):
         raise VerifyError("the model still has weights on the meta device", call="verify",
+                          path=sch.path,
                           hint="materialise it first: model, _ = slapo.build(sch, "
                           "init_weights=...)")
     distributed = _distributed(group)

@@ -35,11 +35,12 @@ def register_dialect(cls: Type[Dialect]) -> Type[Dialect]:
     return cls
 
 
-def get_dialect(target: Optional[str]) -> Dialect:
-    """An instance of the dialect for ``target`` (``None`` means ``"torch"``)."""
+def get_dialect(target: Optional[str], path: Optional[str] = None) -> Dialect:
+    """An instance of the dialect for ``target`` (``None`` means ``"torch"``); ``path`` is the
+    schedule being built, for the error message."""
     key = "torch" if target is None else target
     if key not in _DIALECTS:
-        raise BuildError(f"unknown build target {target!r}", call="build",
+        raise BuildError(f"unknown build target {target!r}", call="build", path=path,
                          hint=f"use one of {', '.join(repr(k) for k in sorted(_DIALECTS))}")
     return _DIALECTS[key]()
 

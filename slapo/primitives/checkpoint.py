@@ -12,24 +12,33 @@ from ..forward_wrap import has_forward_wrapper, install_forward_wrapper
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
 
-__all__ = ["Checkpoint", "checkpoint_forward"]
+__all__ = ["Checkpoint", "CheckpointForward", "checkpoint_forward"]
 
 
 def _is_kv_cache(value: Any) -> bool:
     return type(value).__module__.startswith("transformers.cache_utils")
 
 
+class CheckpointForward:
+    """Forward wrapper of the module at ``path``: run it under RNG-exact checkpointing."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __call__(self, inner: Callable, *args: Any, **kwargs: Any) -> Any:
+        if torch.is_grad_enabled() and any(_is_kv_cache(v) for v in (*args, *kwargs.values())):
+            owner = type(getattr(inner, "args", (None,))[0]).__name__
+            raise CheckpointError(
+                "the checkpointed module was called with a KV cache; recomputing it in "
+                "backward would append to the cache a second time", call="checkpoint()",
+                path=self.path, hint=f"train with use_cache=False (e.g. model.config.use_cache "
+                f"= False) when checkpointing {owner} layers")
+        return rng_exact_checkpoint(inner, *args, **kwargs)
+
+
 def checkpoint_forward(inner: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Forward wrapper: run ``inner`` under RNG-exact activation checkpointing."""
-    if torch.is_grad_enabled() and any(_is_kv_cache(v) for v in (*args, *kwargs.values())):
-        owner = getattr(getattr(inner, "args", (None,))[0], "__class__", type(None)).__name__
-        raise CheckpointError(
-            "a checkpointed module was called with a KV cache; recomputing it in backward "
-            "would append to the cache a second time",
-            call="checkpoint()", path=None, hint=f"train with use_cache=False (e.g. "
-            f"model.config.use_cache = False) when checkpointing {owner} layers",
-        )
-    return rng_exact_checkpoint(inner, *args, **kwargs)
+    """Run ``inner`` under RNG-exact checkpointing (for wrappers that know no path)."""
+    return CheckpointForward("")(inner, *args, **kwargs)
 
 
 @register_primitive
@@ -61,6 +70,6 @@ class Checkpoint(Primitive):
             raise CheckpointError("the module is already checkpointed", path=sch.path,
                                   call=call, module=sch.mod,
                                   hint="call checkpoint() once per module")
-        install_forward_wrapper(sch.mod, "checkpoint", checkpoint_forward)
+        install_forward_wrapper(sch.mod, "checkpoint", CheckpointForward(sch.path))
         sch.metadata["checkpoint"] = True
         return None

@@ -1,0 +1,41 @@
+"""Render docs/errors.md: every schedule-misuse case of tests/misuse_cases.py with the error it
+raises (single-process cases, then the two-rank ones on 2 gloo ranks).
+
+    .venv/bin/python scripts/misuse_table.py > docs/errors.md
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+warnings.filterwarnings("ignore")
+
+from slapo.testing import run_distributed  # noqa: E402
+from tests.misuse_cases import CASES, TP_CASES, run_case, run_tp_cases  # noqa: E402
+
+
+def _row(primitive: str, description: str, result: tuple) -> str:
+    kind, message, _ = result
+    message = message.replace("|", "\\|").replace("\n", " ")
+    return f"| `{primitive}` | {description} | `{kind}` | {message} |"
+
+
+def main() -> None:
+    rows = [_row(p, d, run_case(fn)) for p, d, fn in CASES]
+    tp = run_distributed(run_tp_cases, 2)[0]
+    rows += [_row(p, d + " (TP=2)", r) for (p, d, _), r in zip(TP_CASES, tp)]
+    print("# Schedule mistakes and the errors they raise\n")
+    print("Every user mistake raises a `slapo.SlapoError` subclass naming the call, the module "
+          "path, what is wrong and how to fix it. This table is generated from the cases that "
+          "`tests/test_misuse.py` checks (`python scripts/misuse_table.py > docs/errors.md`).\n")
+    print(f"{len(rows)} cases.\n")
+    print("| primitive | misuse | error | message |")
+    print("|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    main()
