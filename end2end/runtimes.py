@@ -57,15 +57,11 @@ def default_deepspeed_config() -> Dict[str, Any]:
 
 
 def _config_of(model_or_config: Any) -> Any:
+    """A model name of the benchmark's zoo (``end2end.models``) becomes its HF config."""
     if isinstance(model_or_config, str):
-        import transformers
+        from .models import build_hf_config
 
-        try:
-            return transformers.AutoConfig.from_pretrained(model_or_config)
-        except OSError as e:
-            raise ConfigError(f"cannot load the config of {model_or_config!r} ({e})",
-                              call="make_runner", hint="pass a transformers config object, or "
-                              "make the model available in the local HF cache") from e
+        return build_hf_config(model_or_config)
     return model_or_config
 
 
@@ -124,8 +120,9 @@ def make_runner(
     """Build ``mode``'s model on this rank (see the module docstring).
 
     Args:
-        model_or_config: a transformers config (or a model name in the local HF cache); the
-            ``deepspeed``/``slapo-*`` modes also take a built HF model.
+        model_or_config: a transformers config or a model name of the zoo
+            (``end2end.models``, e.g. ``"gpt2-medium"``); the ``deepspeed``/``slapo-*`` modes
+            also take a built HF model.
         schedule: ``fn(sch)`` applying the Slapo schedule (``slapo-*`` modes).
         ckpt: activation checkpointing of the baselines: truthy for HF gradient checkpointing
             (``deepspeed``), ``"full"``/``"selective"`` for megatron's recomputation.
