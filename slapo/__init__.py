@@ -32,6 +32,7 @@ from .errors import (
     VerifyError,
 )
 from .history import Deferred, History, HistoryEntry
+from .pattern import Subgraph, call_module
 from .checkpoint_io import load_checkpoint, save_checkpoint
 from .init import init_empty_weights, materialize
 from .primitives.registry import Primitive, list_primitives, register_primitive
@@ -49,7 +50,7 @@ __all__ = [
     "create_schedule", "Schedule", "build", "verify", "Verify", "VerifyReport", "explain",
     "check_schedule", "Problem",
     "Primitive", "register_primitive", "list_primitives",
-    "History", "HistoryEntry", "Deferred",
+    "History", "HistoryEntry", "Deferred", "Subgraph", "call_module",
     "checkpoint", "init_empty_weights", "materialize", "save_checkpoint", "load_checkpoint",
     "set_random_seed", "get_rng_tracker", "is_random_seed_set",
     "sharding", "check_layouts", "reduce_replicated_grads",

@@ -40,7 +40,6 @@ def call_module(name_regex: str, *args: Any) -> Any:
                        hint="use it in a pattern function passed to find()")
 
 
-fx.wrap("call_module")  # keep it as one node when the pattern function is traced
 
 _MODULE_AS_FUNCTION = {
     nn.Linear: "linear", nn.GELU: "gelu", nn.ReLU: "relu", nn.SiLU: "silu", nn.Tanh: "tanh",
@@ -145,7 +144,9 @@ def _is_module_form(node: fx.Node) -> bool:
 # ---------------------------------------------------------------------- pattern matching
 def _trace_pattern(pattern: Union[Callable, nn.Module]) -> Tuple[fx.GraphModule, fx.Node]:
     try:
-        gm = fx.symbolic_trace(pattern)
+        tracer = fx.Tracer(autowrap_functions=(call_module,))
+        graph = tracer.trace(pattern)
+        gm = fx.GraphModule(tracer.root, graph)
     except Exception as e:  # noqa: BLE001 - user pattern
         raise PatternError(f"the pattern could not be traced: {type(e).__name__}: {e}",
                            call="find(pattern)",

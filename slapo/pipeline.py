@@ -334,15 +334,18 @@ class PipelineRunner:
     def _build(self, inputs: Dict[str, torch.Tensor]) -> None:
         pp = self._pp
         micro = {k: v.chunk(self.n_micro)[0] for k, v in inputs.items()}
-        with torch.no_grad():
-            args: Any = None
-            ins = outs = None
-            for k, st in enumerate(self.stages):
-                out = st(**micro) if k == 0 else st(*args)
-                if k == self.index:
-                    ins = tuple(micro.values()) if k == 0 else tuple(args)
-                    outs = out if k < len(self.stages) - 1 else self.loss_of(out)
-                args = out
+        args: Any = None
+        ins = outs = None
+        for k, st in enumerate(self.stages):  # example values, with requires_grad as in training
+            out = st(**micro) if k == 0 else st(*args)
+            if k < len(self.stages) - 1:
+                out = tuple(t.detach().requires_grad_(t.requires_grad) for t in out)
+            if k == self.index:
+                ins = tuple(micro.values()) if k == 0 else tuple(args)
+                outs = out if k < len(self.stages) - 1 else self.loss_of(out).detach()
+            args = out
+        for st in self.stages:
+            st.zero_grad(set_to_none=True)
         mod = self.stages[self.index]
         if self.index == len(self.stages) - 1:
             mod = _LossStage(mod, self.loss_of)
@@ -359,7 +362,8 @@ class PipelineRunner:
         batch = next(iter(inputs.values())).shape[0]
         losses: List[torch.Tensor] = []
         kwargs = inputs if self.index == 0 else {}
-        self._schedule.step(**kwargs, target=torch.zeros(batch), losses=losses)
+        self._schedule.step(**kwargs, target=torch.zeros(batch), losses=losses,
+                            return_outputs=False)
         for pg, name in self._tie_groups:
             p = self.stages[self.index].get_parameter(name)
             if p.grad is not None:

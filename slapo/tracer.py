@@ -32,6 +32,7 @@ import torch.fx as fx
 from torch import nn
 from torch.fx._symbolic_trace import _maybe_revert_all_patches
 from torch.fx.node import has_side_effect, map_arg
+from torch.fx.immutable_collections import immutable_dict
 from torch.fx.proxy import Attribute
 
 from .errors import TraceError
@@ -303,9 +304,9 @@ def _detach(value: Any) -> Any:
         return t.requires_grad_(value.requires_grad) if t.is_floating_point() else t
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         return tuple(_detach(v) for v in value)
-    if isinstance(value, list):
+    if isinstance(value, list):  # incl. fx's immutable_list
         return [_detach(v) for v in value]
-    if type(value) is dict:
+    if type(value) in (dict, immutable_dict):
         return {k: _detach(v) for k, v in value.items()}
     if _literal(value) or isinstance(value, nn.Module) or callable(value):
         return value
