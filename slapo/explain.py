@@ -20,12 +20,14 @@ from torch import fx
 from .errors import describe_module
 from .forward_wrap import forward_wrappers
 from .schedule import Schedule
+from .sharding.layout import current_output
 from .sharding.spec import get_shard_spec
 
 __all__ = ["explain", "changes_of"]
 
 # Metadata keys rendered specially (others are rendered as "key: value").
-_HANDLED = {"replace", "checkpoint", "annotate", "shard", "sync", "fork_rng"}
+_HANDLED = {"replace", "checkpoint", "annotate", "shard", "sync", "fork_rng",
+            "slapo_local_heads"}
 
 
 def _short(value: Any, limit: int = 60) -> str:
@@ -33,21 +35,37 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _sync_text(rec: Any) -> str:
+    if not hasattr(rec, "mode"):
+        return f"sync {_short(rec)}"
+    text = f"sync {rec.mode} {rec.op}"
+    if getattr(rec, "axis", None) is not None:
+        text += f" axis={rec.axis}"
+    return text
+
+
 def changes_of(node: Schedule) -> List[str]:
     """Human-readable changes recorded on one schedule node (empty if unchanged)."""
     meta = node.metadata
-    out: List[str] = []
-    for r in meta.get("replace", []):
-        out.append(f"replaced {r}")
+    out: List[str] = [f"replaced {r}" for r in meta.get("replace", [])]
+    shards = []
     for name, t in list(node.mod.named_parameters(recurse=False)) + list(
         node.mod.named_buffers(recurse=False)
     ):
         spec = get_shard_spec(t)
         if spec is not None:
-            out.append(f"shard {name} {list(spec.global_shape)} -> {list(spec.local_shape)} "
-                       f"on axis {spec.axis}")
-    for s in meta.get("sync", []):
-        out.append(f"sync {_short(s)}")
+            shards.append(f"{name} {list(spec.global_shape)}->{list(spec.local_shape)} "
+                          f"axis {spec.axis}" + (f" ({spec.parts} fused)" if spec.parts > 1
+                                                  else ""))
+    if shards:
+        out.append("shard " + ", ".join(shards))
+    heads = meta.get("slapo_local_heads")
+    if heads:
+        out.append("local " + ", ".join(f"{k}={v}" for k, v in heads.items()))
+    out += [_sync_text(s) for s in meta.get("sync", [])]
+    layout = current_output(node)
+    if layout is not None:
+        out.append(f"output {layout}")
     wrappers = forward_wrappers(node.mod)
     if meta.get("checkpoint") or "checkpoint" in wrappers:
         out.append("checkpointed")
@@ -72,7 +90,7 @@ def explain(sch: Schedule) -> str:
         changes = changes_of(node)
         if changes:
             rel = path or "<root>"
-            lines.append(f"  {rel} ({describe_module(node.mod)}): " + ", ".join(changes))
+            lines.append(f"  {rel} ({describe_module(node.mod)}): " + "; ".join(changes))
     head = (f"{type(sch.mod).__name__}" + (f" at '{sch.path}'" if sch.path else "")
             + f": {len(lines)} of {total} modules changed")
     if not lines:

@@ -4,14 +4,13 @@ GPT-2 and LLaMA must pass at TP=2 in fp32 and fp64. One 2-rank spawn runs everyt
 
 import copy
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 
 import slapo
-from slapo.testing import MLP, example_inputs, run_distributed, tiny_model
+from slapo.testing import MLP, example_inputs, tiny_model
 from tests.sharding.test_tp_models import SCHEDULES, column, row
 
 L0 = "bert.encoder.layer.0"
@@ -166,16 +165,17 @@ FAULTS = [fault_missing_row_all_reduce, fault_wrong_shard_axis, fault_bias_added
           fault_missing_fork_rng, fault_wrong_vocab_offset, fault_checkpoint_without_rng_restore]
 
 
+def explain_sharded_bert_layer():
+    sch = slapo.create_schedule(tiny_model("bert"))
+    SCHEDULES["bert"](sch)
+    return str(sch[L0])
+
+
 def run_all():
     results = {f.__name__: f() for f in FAULTS}
     results["correct"] = correct_schedules()
+    results["explain"] = explain_sharded_bert_layer()
     return results
-
-
-@pytest.fixture(scope="module")
-def results():
-    per_rank = run_distributed(run_all, 2, timeout=400)
-    return per_rank
 
 
 def _both(results, name):
