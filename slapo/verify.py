@@ -31,6 +31,7 @@ from torch import nn
 
 from .errors import VerifyError
 from .schedule import Schedule
+from .sharding.spec import get_shard_spec
 from .testing.compare import outputs_of
 from .verify_rules import Problem, check_schedule
 from .verify_tools import (
@@ -173,6 +174,7 @@ def verify(
     seed: int = 2023,
     localize: bool = True,
     rules: bool = True,
+    load_weights: bool = True,
     raise_on_mismatch: bool = True,
 ) -> VerifyReport:
     """Compare the scheduled model with the original on ``example_inputs``.
@@ -193,6 +195,10 @@ def verify(
             module on a mismatch.
         rules: first check the schedule's rules (``check_schedule``); any problem fails the
             verification without running the model.
+        load_weights: load the original's weights (broadcast from the group's first rank) into
+            the scheduled parameters of the same name, each rank taking its shard, so that both
+            models start from identical weights even if the ranks initialised differently.
+            Parameters without a same-named original (e.g. a fused q/k/v) keep their values.
         raise_on_mismatch: raise :class:`VerifyError` (else just return the report).
 
     The scheduled model's weights, gradients, dtypes and mode are restored afterwards.
@@ -228,6 +234,8 @@ def verify(
             t.data = _broadcast_(t.data, group)
     saved = _SavedState(model)
     try:
+        if load_weights:
+            _load_reference_weights(ref_model, model)
         with warnings.catch_warnings():
             # Module backward hooks (used for localisation) warn about HF dict outputs: harmless.
             warnings.filterwarnings("ignore", message=".*(backward hook|backward hooks).*")
@@ -331,6 +339,21 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
     if report.ok:
         report.first_divergence = report.first_grad_divergence = None
     return report
+
+
+def _load_reference_weights(ref_model: nn.Module, model: nn.Module) -> None:
+    """Copy each original parameter/buffer into the scheduled one of the same name (this rank's
+    shard of it when sharded). Shapes that do not match are left alone."""
+    ref = dict(ref_model.named_parameters()) | dict(ref_model.named_buffers())
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            full = ref.get(name)
+            if full is None:
+                continue
+            spec = get_shard_spec(t)
+            value = spec.slice_of(full) if spec is not None else full
+            if tuple(value.shape) == tuple(t.shape):
+                t.copy_(value)
 
 
 def _reduce_replicated_grads(model: nn.Module, group) -> None:

@@ -10,6 +10,7 @@ import torch.utils.checkpoint as torch_checkpoint
 from torch import nn
 
 import slapo
+from slapo.forward_wrap import forward_wrappers
 from slapo.testing import MLP, example_inputs, tiny_model
 from tests.sharding.test_tp_models import SCHEDULES, column, row
 
@@ -116,11 +117,8 @@ def fault_wrong_vocab_offset():
     emb = sch["bert.embeddings.word_embeddings"]
     emb.shard("weight", axis=0)
     emb.sync("fwd_post", "all_reduce")
-    # Each rank holds the other rank's rows: the lookup uses the wrong vocabulary offset.
-    full = ref.bert.embeddings.word_embeddings.weight.detach()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    with torch.no_grad():
-        emb.mod.weight.copy_(full.chunk(world)[(rank + 1) % world])
+    # The lookup subtracts the wrong offset (off by one row, like the original Slapo's bug).
+    forward_wrappers(emb.mod)["vocab_parallel"].start += 1
     return _check(sch, ref, example_inputs("bert"))
 
 
@@ -165,6 +163,19 @@ FAULTS = [fault_missing_row_all_reduce, fault_wrong_shard_axis, fault_bias_added
           fault_missing_fork_rng, fault_wrong_vocab_offset, fault_checkpoint_without_rng_restore]
 
 
+def ranks_initialised_differently():
+    """Each rank builds its model with another seed: verify loads the original's weights
+    (broadcast from rank 0) into every rank's shards, unless told not to."""
+    ref = tiny_model("bert", seed=dist.get_rank())
+    sch = slapo.create_schedule(copy.deepcopy(ref))
+    SCHEDULES["bert"](sch)
+    inputs = example_inputs("bert")
+    loaded = slapo.verify(sch, inputs, reference=ref, raise_on_mismatch=False).ok
+    own = slapo.verify(sch, inputs, reference=ref, raise_on_mismatch=False,
+                       load_weights=False).ok
+    return loaded, own
+
+
 def explain_sharded_bert_layer():
     sch = slapo.create_schedule(tiny_model("bert"))
     SCHEDULES["bert"](sch)
@@ -175,6 +186,7 @@ def run_all():
     results = {f.__name__: f() for f in FAULTS}
     results["correct"] = correct_schedules()
     results["explain"] = explain_sharded_bert_layer()
+    results["different_init"] = ranks_initialised_differently()
     return results
 
 
@@ -241,3 +253,9 @@ def test_checkpoint_without_rng_restore(results):
         num = r["numeric"]
         assert not num["ok"] and num["first"] is None
         assert num["grad_first"] is not None and num["grad_first"].startswith(L0)
+
+
+def test_verify_loads_the_original_weights_into_each_shard(results):
+    # without loading, rank 1's shards come from another model, so the TP sums are wrong on
+    # every rank
+    assert [r["different_init"] for r in results] == [(True, False), (True, False)]
