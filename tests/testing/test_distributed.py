@@ -59,6 +59,6 @@ def test_failing_rank_reports_traceback_and_leaves_nothing(tmp_path):
 
 def test_timeout_kills_every_rank(tmp_path):
     with pytest.raises(DistributedTimeout, match=r"ranks \[0, 1\] did not finish"):
-        run_distributed(_sleep, 2, str(tmp_path), timeout=15)
+        run_distributed(_sleep, 2, str(tmp_path), timeout=60)
     pids = _pids(tmp_path)
     assert len(pids) == 2 and not any(_alive(p) for p in pids)
