@@ -35,10 +35,16 @@ def build(
         init_seed: base seed of delayed initialisation; the module at ``path`` is initialised
             under ``slapo.init.module_seed(init_seed, path)``, so values do not depend on the
             tensor-parallel degree (see ``slapo.init.materialize``).
-        **kwargs: options of the target (e.g. ``optimizer=`` for ``torch``).
+        **kwargs: options of the target (e.g. ``optimizer=`` for ``torch``; with pipeline cuts
+            also ``n_microbatches=``, ``pipeline_schedule=``, ``loss_fn=``).
 
     Returns:
         ``(model, optimizer_or_None)``; ``model`` is an ordinary ``nn.Module`` for ``torch``.
+        With pipeline cuts (``cut_pipeline_stage``): ``torch`` gives a
+        :class:`~slapo.dialects.torch_pipeline.PipelineModel` running this rank's stage
+        (``train_step(batch)``), ``deepspeed`` a DeepSpeed pipeline engine over a
+        ``PipelineModule`` (``train_batch``); the world is laid out as tensor x data x pipeline
+        parallelism (:mod:`slapo.dialects.layout`).
 
     Raises:
         BuildError: not a schedule, unknown target, or an option the target does not take.

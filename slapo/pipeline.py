@@ -307,12 +307,20 @@ class PipelineRunner:
         n_microbatches: microbatches per step (the batch must divide evenly).
         schedule: ``"gpipe"`` or ``"1f1b"``.
         loss_of: ``fn(last stage output) -> scalar``; default: the output's ``loss``.
+        group: the pipeline's process group (stage ``k`` runs on its group rank ``k``).
+        tie_group_fn: ``fn(stage indices) -> group`` joining this pipeline's ranks of those
+            stages, for the gradients of parameters tied across them; called on every rank for
+            every tie, in the same order (it may create groups). Default: sub-groups of the
+            world, which is only right when ``group`` is the world.
+        device: where the stage runs (default: the CPU).
     """
 
     def __init__(self, stages: Sequence[nn.Module], n_microbatches: int, *,
                  schedule: str = "gpipe", stage_index: Optional[int] = None,
                  group: Optional[dist.ProcessGroup] = None,
-                 loss_of: Callable[[Any], torch.Tensor] = _model_loss):
+                 loss_of: Callable[[Any], torch.Tensor] = _model_loss,
+                 tie_group_fn: Optional[Callable[[List[int]], Any]] = None,
+                 device: Optional[torch.device] = None):
         from torch.distributed import pipelining as pp
 
         if schedule not in ("gpipe", "1f1b"):
@@ -323,10 +331,14 @@ class PipelineRunner:
         self.n_micro, self.group, self.loss_of = n_microbatches, group, loss_of
         self._pp, self._kind = pp, schedule
         self._schedule = None
+        self._device = device or torch.device("cpu")
         self._tie_groups = []
         for tie in tied_parameters(self.stages):
             ranks = sorted({s for s, _ in tie})
-            pg = dist.new_group(ranks) if len(ranks) < dist.get_world_size(group) else group
+            if tie_group_fn is not None:
+                pg = tie_group_fn(ranks)
+            else:
+                pg = dist.new_group(ranks) if len(ranks) < dist.get_world_size(group) else group
             mine = [name for s, name in tie if s == self.index]
             if mine:
                 self._tie_groups.append((pg, mine[0]))
@@ -349,7 +361,7 @@ class PipelineRunner:
         mod = self.stages[self.index]
         if self.index == len(self.stages) - 1:
             mod = _LossStage(mod, self.loss_of)
-        stage = pp.PipelineStage(mod, self.index, len(self.stages), torch.device("cpu"),
+        stage = pp.PipelineStage(mod, self.index, len(self.stages), self._device,
                                  input_args=ins, output_args=outs, group=self.group)
         cls = pp.ScheduleGPipe if self._kind == "gpipe" else pp.Schedule1F1B
         self._schedule = cls(stage, self.n_micro, loss_fn=lambda out, target: out)

@@ -16,6 +16,8 @@ from ..sharding.spec import get_shard_spec
 __all__ = [
     "has_pipeline_cuts",
     "reject_pipeline_cuts",
+    "reject_pipeline_options",
+    "pipeline_groups",
     "make_optimizer",
     "has_tp_shards",
     "tp_ranks",
@@ -38,8 +40,57 @@ def reject_pipeline_cuts(sch, target: str) -> None:
         raise BuildError(
             f"schedules with pipeline stages (cut_pipeline_stage) are not yet supported by "
             f"target '{target}'", call=f"build(target={target!r})",
-            hint="remove the cut_pipeline_stage calls for now (tensor and data parallelism work)",
+            hint="build pipelines with target 'torch' or 'deepspeed', or remove the "
+                 "cut_pipeline_stage calls (tensor and data parallelism work)",
         )
+
+
+def reject_pipeline_options(target: str, **options: Any) -> None:
+    """Raise :class:`BuildError` when pipeline-only ``options`` (those not ``None``) are given
+    for a schedule without pipeline cuts."""
+    given = sorted(k for k, v in options.items() if v is not None)
+    if given:
+        raise BuildError(
+            f"option(s) {', '.join(given)} of target '{target}' only apply to schedules with "
+            "pipeline cuts", call=f"build(target={target!r})",
+            hint="mark stage ends with sch['<path>'].cut_pipeline_stage(), or drop the option(s)")
+
+
+def pipeline_groups(sch, model: nn.Module, num_stages: int, target: str):
+    """The :class:`~slapo.dialects.layout.LayoutGroups` of a pipelined schedule: tensor-parallel
+    size = the schedule's group (1 when it has none and nothing is sharded), ``num_stages``
+    stages, data parallelism over the rest of the world. Initialises ``torch.distributed`` if
+    needed; collective over the world.
+
+    Raises:
+        BuildError: the world is not a multiple of tp x stages; the schedule's group is not this
+            rank's block of consecutive ranks; a model sharded over the whole world.
+    """
+    from ..distributed import init_distributed, register_teardown
+    from .layout import ParallelLayout, _reset_groups, create_groups
+
+    env = init_distributed()
+    call = f"build(target={target!r})"
+    if sch.group is None:
+        if has_tp_shards(model):
+            raise BuildError(
+                "the schedule is sharded over the whole world (group=None), which leaves no "
+                "ranks for its pipeline stages", call=call,
+                hint="create the schedule with create_schedule(model, group=tp_group), tp_group "
+                     "being this rank's block of tp consecutive ranks")
+        tp = 1
+    else:
+        tp = len(tp_ranks(sch.group))
+    layout = ParallelLayout.for_world(env.world_size, tp, num_stages)
+    expected = layout.group_of(layout.tp_groups(), env.rank)
+    if sch.group is not None and tp_ranks(sch.group) != expected:
+        raise BuildError(
+            f"the schedule's tensor-parallel group {tp_ranks(sch.group)} is not rank "
+            f"{env.rank}'s block {expected} of the pipeline layout {layout}", call=call,
+            hint="tensor-parallel groups must be blocks of consecutive ranks: rank r belongs to "
+                 "[r // tp * tp, ..., r // tp * tp + tp - 1] (see slapo.dialects.layout)")
+    register_teardown(_reset_groups)
+    return create_groups(layout)
 
 
 def make_optimizer(model: nn.Module, optimizer: OptimizerArg) -> torch.optim.Optimizer:

@@ -23,12 +23,15 @@ DeepSpeed's usual loop::
   tensor-parallel rank.
 
 Process groups and the device come from :mod:`slapo.distributed` (gloo on CPU, NCCL on GPU).
-Schedules with pipeline cuts are not supported yet.
+
+With pipeline cuts the model becomes a DeepSpeed ``PipelineModule`` trained with
+``engine.train_batch()``; two more options apply: ``loss_fn`` (DeepSpeed's ``fn(outputs, labels)``)
+and ``input_names``. See :mod:`slapo.dialects.deepspeed_pipeline`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 from torch import nn
@@ -39,9 +42,10 @@ from ..errors import BuildError
 from .common import (
     OptimizerArg,
     data_parallel_group,
+    has_pipeline_cuts,
     has_tp_shards,
     make_optimizer,
-    reject_pipeline_cuts,
+    reject_pipeline_options,
     tag_tensor_parallel_params,
     tp_ranks,
 )
@@ -115,13 +119,24 @@ def _with_batch_size(config: Dict[str, Any]) -> Dict[str, Any]:
     return config
 
 
+def _pipeline_config(config: Dict[str, Any]) -> Dict[str, Any]:
+    """A pipeline config: a batch size, and no activation partitioning over tensor-parallel
+    ranks (Slapo stages exchange whole tensors)."""
+    config = _with_batch_size(config)
+    pipeline = dict(config.get("pipeline") or {})
+    pipeline.setdefault("pipe_partitioned", False)
+    pipeline.setdefault("grad_partitioned", False)
+    return {**config, "pipeline": pipeline}
+
+
 @register_dialect
 class DeepSpeedDialect(Dialect):
     """``build(sch, target="deepspeed", config=..., optimizer=None, mpu=None)`` ->
-    ``(engine, optimizer)``; see the module docstring."""
+    ``(engine, optimizer)``; with pipeline cuts also ``loss_fn=None, input_names=None`` (and no
+    ``mpu``: the topology comes from the layout); see the module docstring."""
 
     name = "deepspeed"
-    options = ("config", "optimizer", "mpu")
+    options = ("config", "optimizer", "mpu", "loss_fn", "input_names")
 
     def build(
         self,
@@ -130,13 +145,28 @@ class DeepSpeedDialect(Dialect):
         config: Optional[Dict[str, Any]] = None,
         optimizer: OptimizerArg = None,
         mpu: Any = None,
+        loss_fn: Optional[Callable[..., Any]] = None,
+        input_names: Optional[Sequence[str]] = None,
     ) -> Tuple[Any, Any]:
-        reject_pipeline_cuts(sch, self.name)
+        pipelined = has_pipeline_cuts(sch)
+        if not pipelined:
+            reject_pipeline_options(self.name, loss_fn=loss_fn, input_names=input_names)
+        elif mpu is not None:
+            raise BuildError("mpu cannot be given for a schedule with pipeline cuts",
+                             call="build(target='deepspeed')",
+                             hint="drop mpu: the pipeline/data/tensor groups come from the "
+                                  "schedule's group and the number of stages")
         if not isinstance(config, dict):
             raise BuildError(
                 "target 'deepspeed' needs a DeepSpeed config dict"
                 + ("" if config is None else f", got {type(config).__name__}"),
                 call="build(target='deepspeed')", hint=f"pass e.g. {_CONFIG_EXAMPLE}")
+        if pipelined:
+            from .deepspeed_pipeline import build_deepspeed_pipeline
+
+            use_torch_optimizer = optimizer is not None or "optimizer" not in config
+            config = _pipeline_config(no_build_config(config, torch_optimizer=use_torch_optimizer))
+            return build_deepspeed_pipeline(sch, model, config, optimizer, loss_fn, input_names)
         deepspeed = import_deepspeed()
         env = init_distributed()
         init_deepspeed_comm(env.backend, default_timeout())

@@ -62,11 +62,11 @@ def test_build_errors():
     sch = slapo.create_schedule(gpt())
     with pytest.raises(slapo.BuildError, match="needs a DeepSpeed config dict.*Hint: pass e.g."):
         slapo.build(sch, target="deepspeed")
-    with pytest.raises(slapo.BuildError, match="does not take option.*loss_fn"):
-        slapo.build(sch, target="deepspeed", config={}, loss_fn=None)
-    sch["transformer.h.0"].metadata["cut_pipeline_stage"] = True
-    with pytest.raises(slapo.BuildError, match="pipeline stages.*not yet supported"):
-        slapo.build(sch, target="deepspeed", config={})
+    with pytest.raises(slapo.BuildError, match="does not take option.*n_microbatches"):
+        slapo.build(sch, target="deepspeed", config={}, n_microbatches=2)
+    with pytest.raises(slapo.BuildError, match="input_names.*only apply to schedules with "
+                                               "pipeline cuts"):
+        slapo.build(sch, target="deepspeed", config={}, input_names=["input_ids"])
 
 
 def test_missing_deepspeed_gives_install_hint(monkeypatch):
