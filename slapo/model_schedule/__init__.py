@@ -9,6 +9,6 @@ from .registry import apply_schedule, list_model_schedules, register_model_sched
 __all__ = ["apply_schedule", "list_model_schedules", "register_model_schedule",
            "ScheduleConfig", "checkpoint_layer_ids"]
 
-# The recipes (explicit registration: one import per family).
-from . import bert  # noqa: E402,F401
-from . import gpt2, llama, opt  # noqa: E402,F401
+# The recipes (explicit registration: one import per module; gpt2 also registers gpt_neo, bert
+# also registers roberta).
+from . import albert, bert, gpt2, llama, opt, t5, wideresnet  # noqa: E402,F401

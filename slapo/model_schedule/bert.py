@@ -23,7 +23,8 @@ PLAN = C.LayerPlan(attn="attention.self", attn_out="attention.output.dense",
 
 
 def schedule_bert_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, family: str,
-                       fuse_bias_gelu: Any = False) -> None:
+                       fuse_bias_gelu: Any = False,
+                       example_inputs: Any = None) -> None:
     """The BERT recipe (RoBERTa shares it; only the prefix and head paths differ)."""
     mode = C.tp_mode(sch, cfg, family, sp_supported=False)
     p = C.backbone(sch, cfg, "encoder.layer", ("bert", "roberta", ""), family)
@@ -38,16 +39,16 @@ def schedule_bert_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fa
         if head in sch:
             C.shard_lm_head(sch, head, mode, gather_logits=not causal)
     C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
-    C.cut_pipeline(sch, cfg, layers, family)
+    C.cut_pipeline(sch, cfg, [layers], family, example_inputs)
 
 
-@register_model_schedule("bert", extra_knobs=("fuse_bias_gelu",))
+@register_model_schedule("bert", extra_knobs=("fuse_bias_gelu", "example_inputs"))
 def schedule_bert(sch: Schedule, model_config: Any, cfg: ScheduleConfig, **extra: Any) -> None:
     """BERT; see the module docs."""
     schedule_bert_like(sch, model_config, cfg, "bert", **extra)
 
 
-@register_model_schedule("roberta", extra_knobs=("fuse_bias_gelu",))
+@register_model_schedule("roberta", extra_knobs=("fuse_bias_gelu", "example_inputs"))
 def schedule_roberta(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                      **extra: Any) -> None:
     """RoBERTa: the BERT recipe under the ``roberta`` prefix with ``lm_head.decoder``."""

@@ -21,7 +21,6 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..init import init_empty_weights
-from ..primitives.registry import list_primitives
 from ..schedule import Schedule
 from ..sharding.sequence_parallel import (gather_sequence, mark_replicated,
                                           reduce_scatter_sequence)
@@ -70,10 +69,12 @@ def layer_paths(sch: Schedule, path: str) -> List[str]:
 
 def disable_kv_cache(sch: Schedule, model_config: Any) -> None:
     """Training never uses the KV cache, and checkpointed layers must not append to it twice:
-    set ``use_cache=False`` on the model's config (and ``model_config`` if it is another
-    object). ``model(..., use_cache=True)`` still enables it for generation."""
-    for config in {id(c): c for c in (getattr(sch.mod, "config", None), model_config)}.values():
-        if config is not None and hasattr(config, "use_cache"):
+    set ``use_cache=False`` on ``model_config`` and on every config held by the model's modules
+    (T5's decoder stack has its own copy). ``model(..., use_cache=True)`` still enables it for
+    generation."""
+    configs = [model_config] + [getattr(m, "config", None) for m in sch.mod.modules()]
+    for config in {id(c): c for c in configs if c is not None}.values():
+        if hasattr(config, "use_cache"):
             config.use_cache = False
 
 
@@ -282,23 +283,51 @@ def checkpoint_layers(sch: Schedule, paths: Sequence[str], ratio: float) -> List
     return ids
 
 
-def cut_pipeline(sch: Schedule, cfg: ScheduleConfig, paths: Sequence[str], family: str) -> None:
-    """Cut a pipeline stage after each layer in ``cfg.pipeline_cuts``.
+def _caller(sch: Schedule, layer: str) -> str:
+    """The module whose forward calls ``layer`` (skipping ModuleList/ModuleDict containers)."""
+    node = sch[layer].parent
+    while isinstance(node.mod, (nn.ModuleList, nn.ModuleDict)) and node.parent is not None:
+        node = node.parent
+    return node.path
+
+
+def cut_pipeline(sch: Schedule, cfg: ScheduleConfig, stacks: Sequence[Sequence[str]],
+                 family: str, example_inputs: Any = None) -> None:
+    """Cut a pipeline stage after the layers in ``cfg.pipeline_cuts``: layer indices for a
+    single stack, or one list per stack (T5: ``[[encoder...], [decoder...]]``; WideResNet: four
+    lists). The modules calling the layers are traced first (``trace_until``), which needs
+    ``example_inputs`` (the model's keyword inputs).
 
     Raises:
-        ConfigError: pipeline cuts were requested but the ``cut_pipeline_stage`` primitive is
-            not available yet, or a cut index is out of range.
+        ConfigError: cuts without ``example_inputs``, a family without stacks to cut, a wrong
+            shape of ``pipeline_cuts`` or an index out of range.
     """
-    if not cfg.pipeline_cuts:
+    cuts = cfg.pipeline_cuts
+    if not cuts:
         return
-    call = f"apply_schedule({family!r}, pipeline_cuts={list(cfg.pipeline_cuts)})"
-    if "cut_pipeline_stage" not in list_primitives():
-        raise ConfigError("pipeline_cuts: pipeline stages are not supported yet",
-                          call=call, hint="drop pipeline_cuts (tensor and data parallelism and "
-                          "checkpointing work)")
-    bad = [c for c in cfg.pipeline_cuts if not (isinstance(c, int) and 0 <= c < len(paths) - 1)]
-    if bad:
-        raise ConfigError(f"pipeline cut(s) {bad} are not layer indices in 0..{len(paths) - 2}",
-                          call=call, hint="a cut index i splits after layer i")
-    for i in sorted(set(cfg.pipeline_cuts)):
-        sch[paths[i]].cut_pipeline_stage()
+    call = f"apply_schedule({family!r}, pipeline_cuts={list(cuts)})"
+    if not stacks:
+        raise ConfigError(f"pipeline cuts are not supported for {family}", call=call,
+                          hint="its layers share one module (ALBERT): drop pipeline_cuts")
+    nested = all(isinstance(c, (list, tuple)) for c in cuts)
+    per_stack = [list(c) for c in cuts] if nested else [list(cuts)]
+    if len(per_stack) != len(stacks):
+        raise ConfigError(f"pipeline_cuts needs {len(stacks)} list(s) of layer indices (one per "
+                          "stack)" if len(stacks) > 1 else "pipeline_cuts must be layer indices",
+                          call=call, hint="e.g. pipeline_cuts=[3] cuts after layer 3")
+    if example_inputs is None:
+        raise ConfigError("pipeline_cuts needs example_inputs=<the model's inputs> to trace the "
+                          "modules that call the layers", call=call,
+                          hint="pass example_inputs=dict(input_ids=..., ...)")
+    plan = []
+    for stack, indices in zip(stacks, per_stack):
+        bad = [c for c in indices if not (isinstance(c, int) and 0 <= c < len(stack))]
+        if bad:
+            raise ConfigError(f"pipeline cut(s) {bad} are not layer indices in "
+                              f"0..{len(stack) - 1}", call=call,
+                              hint="a cut index i ends a stage after layer i")
+        plan += [stack[i] for i in sorted(set(indices))]
+    callers = sorted({_caller(sch, path) for path in plan})
+    sch.trace_until(callers, example_inputs=example_inputs)
+    for path in plan:
+        sch[path].cut_pipeline_stage()

@@ -22,7 +22,8 @@ from .registry import register_model_schedule
 
 
 def schedule_gpt_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, family: str,
-                      attn: str, fuse_bias_gelu: Any = False) -> None:
+                      attn: str, fuse_bias_gelu: Any = False,
+                      example_inputs: Any = None) -> None:
     """The GPT-2 recipe; GPT-Neo differs only in the attention's sub-path."""
     mode = C.tp_mode(sch, cfg, family, sp_supported=True)
     C.disable_kv_cache(sch, model_config)
@@ -39,16 +40,16 @@ def schedule_gpt_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fam
         norms = [f"{h}.{n}" for h in layers for n in plan.norms]
         C.sequence_parallel_region(sch, layers[0], norms, C.join(p, "ln_f"))
     C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
-    C.cut_pipeline(sch, cfg, layers, family)
+    C.cut_pipeline(sch, cfg, [layers], family, example_inputs)
 
 
-@register_model_schedule("gpt2", extra_knobs=("fuse_bias_gelu",))
+@register_model_schedule("gpt2", extra_knobs=("fuse_bias_gelu", "example_inputs"))
 def schedule_gpt2(sch: Schedule, model_config: Any, cfg: ScheduleConfig, **extra: Any) -> None:
     """GPT-2; see the module docs."""
     schedule_gpt_like(sch, model_config, cfg, "gpt2", "attn", **extra)
 
 
-@register_model_schedule("gpt_neo", extra_knobs=("fuse_bias_gelu",))
+@register_model_schedule("gpt_neo", extra_knobs=("fuse_bias_gelu", "example_inputs"))
 def schedule_gpt_neo(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                      **extra: Any) -> None:
     """GPT-Neo: the GPT-2 recipe with the attention at ``attn.attention``."""

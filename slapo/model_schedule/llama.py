@@ -24,8 +24,9 @@ PLAN = C.LayerPlan(attn="self_attn", column=("mlp.gate_proj", "mlp.up_proj"),
                    norms=("input_layernorm", "post_attention_layernorm"))
 
 
-@register_model_schedule("llama")
-def schedule_llama(sch: Schedule, model_config: Any, cfg: ScheduleConfig) -> None:
+@register_model_schedule("llama", extra_knobs=("example_inputs",))
+def schedule_llama(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
+                   example_inputs: Any = None) -> None:
     """LLaMA; see the module docs."""
     mode = C.tp_mode(sch, cfg, "llama", sp_supported=True)
     C.disable_kv_cache(sch, model_config)
@@ -40,4 +41,4 @@ def schedule_llama(sch: Schedule, model_config: Any, cfg: ScheduleConfig) -> Non
         norms = [f"{layer}.{n}" for layer in layers for n in PLAN.norms]
         C.sequence_parallel_region(sch, layers[0], norms, C.join(p, "norm"))
     C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
-    C.cut_pipeline(sch, cfg, layers, "llama")
+    C.cut_pipeline(sch, cfg, [layers], "llama", example_inputs)

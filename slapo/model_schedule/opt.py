@@ -18,8 +18,9 @@ from .registry import register_model_schedule
 PLAN = C.LayerPlan(attn="self_attn", column=("fc1",), row="fc2")
 
 
-@register_model_schedule("opt")
-def schedule_opt(sch: Schedule, model_config: Any, cfg: ScheduleConfig) -> None:
+@register_model_schedule("opt", extra_knobs=("example_inputs",))
+def schedule_opt(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
+                   example_inputs: Any = None) -> None:
     """OPT; see the module docs."""
     mode = C.tp_mode(sch, cfg, "opt", sp_supported=False)
     C.disable_kv_cache(sch, model_config)
@@ -31,4 +32,4 @@ def schedule_opt(sch: Schedule, model_config: Any, cfg: ScheduleConfig) -> None:
         if "lm_head" in sch:
             C.shard_lm_head(sch, "lm_head", mode, gather_logits=False)
     C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
-    C.cut_pipeline(sch, cfg, layers, "opt")
+    C.cut_pipeline(sch, cfg, [layers], "opt", example_inputs)

@@ -1,0 +1,56 @@
+"""T5 (``T5ForConditionalGeneration``): encoder-decoder, relative position bias, cross
+attention.
+
+Per block: ``{encoder,decoder}.block.N.layer.0.SelfAttention`` -> op-library
+``HFT5Attention`` (unscaled scores, relative position bias added to the mask, causal in the
+decoder; fused QKV with ``fuse``); ``decoder.block.N.layer.1.EncDecAttention`` -> the same,
+cross (never fused). ``use_cache`` off. TP: heads (the relative-bias embedding is sharded on its
+head axis), cross attention with q and k/v column-parallel (the encoder output's gradient is
+all-reduced too), MLP ``DenseReluDense.wi`` (or gated ``wi_0``/``wi_1``) / ``wo``,
+vocab-parallel ``shared`` (and its tied copies) and ``lm_head`` (logits all-gathered for HF's
+loss). Checkpointing: ``checkpoint_layer_ids`` of each stack.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List
+
+from ..schedule import Schedule
+from . import common as C
+from .config import ScheduleConfig
+from .registry import register_model_schedule
+
+
+def _plan(sch: Schedule, block: str, ff: int) -> C.LayerPlan:
+    mlp = f"layer.{ff}.DenseReluDense"
+    gated = "wi_0" in sch[f"{block}.{mlp}"].child
+    column = (f"{mlp}.wi_0", f"{mlp}.wi_1") if gated else (f"{mlp}.wi",)
+    return C.LayerPlan(attn="layer.0.SelfAttention", column=column, row=f"{mlp}.wo",
+                       grad_entry=mlp if gated else None)
+
+
+@register_model_schedule("t5", extra_knobs=("example_inputs",))
+def schedule_t5(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
+                example_inputs: Any = None) -> None:
+    """T5; see the module docs."""
+    mode = C.tp_mode(sch, cfg, "t5", sp_supported=False)
+    C.disable_kv_cache(sch, model_config)
+    p = C.backbone(sch, cfg, "encoder.block", ("",), "t5")
+    stacks: List[List[str]] = []
+    for stack, ff in (("encoder", 1), ("decoder", 2)):
+        blocks = C.layer_paths(sch, C.join(p, stack, "block")) if C.join(p, stack) in sch else []
+        for block in blocks:
+            C.schedule_layers(sch, cfg, mode, [block], _plan(sch, block, ff))
+            if ff == 2 and C.replace_attention(sch, f"{block}.layer.1.EncDecAttention", cfg,
+                                               fused_qkv=False) and mode.tp:
+                C.shard_attention(sch, f"{block}.layer.1.EncDecAttention", mode)
+        stacks.append(blocks)
+    if mode.tp:
+        C.shard_embedding(sch, [C.join(p, n) for n in
+                                ("shared", "encoder.embed_tokens", "decoder.embed_tokens")
+                                if C.join(p, n) in sch])
+        if "lm_head" in sch:
+            C.shard_lm_head(sch, "lm_head", mode, gather_logits=True)
+    for blocks in stacks:
+        C.checkpoint_layers(sch, blocks, cfg.ckpt_ratio)
+    C.cut_pipeline(sch, cfg, [s for s in stacks if s], "t5", example_inputs)

@@ -1,0 +1,183 @@
+"""Every registered model schedule trains exactly like the unscheduled model.
+
+TP=1 (in process) and TP=2 (two gloo ranks, one spawn for all families): outputs and the
+gradient of every original parameter match, with and without activation checkpointing, plus
+sequence parallelism (GPT-2, GPT-Neo, LLaMA), unfused QKV and bias+GeLU fusion variants.
+"""
+
+import copy
+import warnings
+
+import pytest
+import torch
+
+import slapo
+from slapo.errors import ConfigError
+from slapo.forward_wrap import has_forward_wrapper
+from slapo.model_schedule import apply_schedule, checkpoint_layer_ids, list_model_schedules
+from slapo.op import SelfAttention
+from slapo.testing import example_inputs, run_distributed, tiny_model
+from tests.model_schedule.helpers import check_family, wideresnet
+
+FAMILIES = ("bert", "roberta", "albert", "gpt2", "gpt_neo", "opt", "t5", "llama", "wideresnet")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*backward hooks to be called.*")
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_all_families_registered():
+    assert set(FAMILIES) <= set(list_model_schedules())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tp1_matches_reference(family):
+    for ratio in (0.0, 1.0):
+        assert check_family(family, ckpt_ratio=ratio) > 0
+
+
+def test_tp1_variants():
+    check_family("gpt2", fuse_bias_gelu="eager", ckpt_ratio=0.5)
+    check_family("gpt_neo", fuse=False, fuse_bias_gelu="eager")
+    check_family("bert", fuse=False, fuse_bias_gelu="eager")
+    check_family("llama", fuse=False)
+    check_family("bert", attn_kernel="eager", ckpt_ratio=0.5)
+
+
+TP2_CASES = [(f, dict(ckpt_ratio=r)) for f in FAMILIES for r in (0.0, 1.0)] + [
+    ("gpt2", dict(sequence_parallel=True, ckpt_ratio=0.5)),
+    ("gpt_neo", dict(sequence_parallel=True, fuse_bias_gelu="eager")),
+    ("llama", dict(sequence_parallel=True, fuse=False)),
+    ("llama", dict(fuse=False)),
+    ("t5", dict(fuse=False)),
+    ("bert", dict(fuse_bias_gelu="eager")),
+]
+
+
+def _tp2(cases):
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    done = []
+    for family, knobs in cases:
+        try:
+            check_family(family, **knobs)
+        except Exception as e:
+            raise AssertionError(f"{family} {knobs}: {e}") from e
+        done.append(family)
+    return done
+
+
+def test_tp2_matches_reference():
+    results = run_distributed(_tp2, 2, TP2_CASES, timeout=400)
+    assert results[0] == results[1] == [f for f, _ in TP2_CASES]
+
+
+# ---------------------------------------------------------------- checkpoint selection
+def _checkpointed(model, paths):
+    return [i for i, p in enumerate(paths) if has_forward_wrapper(model.get_submodule(p),
+                                                                  "checkpoint")]
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.25, 0.5, 1.0])
+def test_ckpt_ratio_selects_exact_layers(ratio):
+    expected = checkpoint_layer_ids(8, ratio)
+    assert len(expected) == round(8 * ratio)
+    for family, stack in (("gpt_neo", "transformer.h"), ("bert", "bert.encoder.layer"),
+                          ("t5", "decoder.block")):
+        layers = dict(num_layers=8) if family == "gpt_neo" else \
+            dict(num_layers=8, num_decoder_layers=8) if family == "t5" else \
+            dict(num_hidden_layers=8)
+        if family == "gpt_neo":
+            layers["attention_types"] = [[["global", "local"], 4]]
+        model = tiny_model(family, **layers)
+        apply_schedule(model, family, ckpt_ratio=ratio)
+        assert _checkpointed(model, [f"{stack}.{i}" for i in range(8)]) == expected, family
+
+
+@pytest.mark.parametrize("ratio", [0.25, 0.5])
+def test_albert_checkpoints_exact_calls_of_the_shared_layer(ratio):
+    ref = tiny_model("albert", num_hidden_layers=8)
+    model = copy.deepcopy(ref)
+    sch = apply_schedule(model, "albert", ckpt_ratio=ratio)
+    group = "albert.encoder.albert_layer_groups.0"
+    assert sch[group].metadata["checkpoint"] == checkpoint_layer_ids(8, ratio)
+    from tests.model_schedule.helpers import compare_training
+    compare_training(ref, model, example_inputs("albert"))  # twice: the count restarts
+    compare_training(ref, model, example_inputs("albert"))
+
+
+def test_wideresnet_checkpoint_keeps_batchnorm_statistics():
+    ref = wideresnet()
+    model = copy.deepcopy(ref)
+    apply_schedule(model, "wideresnet", ckpt_ratio=1.0)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    ref(x).logits.sum().backward()
+    model(x).logits.sum().backward()
+    for (name, a), (_, b) in zip(ref.named_buffers(), model.named_buffers()):
+        assert torch.equal(a, b), name
+
+
+# ---------------------------------------------------------------- structure and errors
+def test_attention_is_replaced_and_keeps_semantics():
+    model = tiny_model("bert")
+    apply_schedule(model, "bert")
+    attn = model.bert.encoder.layer[0].attention.self
+    assert isinstance(attn, SelfAttention) and not attn.attn_op.causal
+    model = tiny_model("gpt_neo")
+    apply_schedule(model, "gpt_neo")
+    kinds = [blk.attn.attention.attn_op.window_size for blk in model.transformer.h]
+    assert kinds == [None, 4]  # global, then local with its window
+    model = tiny_model("albert")
+    apply_schedule(model, "albert")
+    assert not model.albert.encoder.albert_layer_groups[0].albert_layers[0].attention \
+        .attn_op.causal
+
+
+def test_eager_keeps_hf_attention_and_use_cache_is_off():
+    model = tiny_model("gpt2")
+    apply_schedule(model, "gpt2", attn_kernel="eager")
+    assert type(model.transformer.h[0].attn).__name__ == "GPT2Attention"
+    assert model.config.use_cache is False
+
+
+def test_knob_errors():
+    with pytest.raises(ConfigError, match="unknown knob"):
+        apply_schedule(tiny_model("bert"), "bert", ckpt_ratoi=0.5)
+    with pytest.raises(ConfigError, match="sequence_parallel is not supported"):
+        apply_schedule(tiny_model("bert"), "bert", sequence_parallel=True)
+    with pytest.raises(ConfigError, match="needs example_inputs"):
+        apply_schedule(tiny_model("opt"), "opt", pipeline_cuts=[0])
+    with pytest.raises(ConfigError, match="not layer indices"):
+        apply_schedule(tiny_model("opt"), "opt", pipeline_cuts=[5],
+                       example_inputs=example_inputs("opt"))
+    with pytest.raises(ConfigError, match="not supported for albert"):
+        apply_schedule(tiny_model("albert"), "albert", pipeline_cuts=[0])
+    with pytest.raises(ConfigError, match="cannot find"):
+        apply_schedule(tiny_model("bert"), "gpt2")
+
+
+def test_delay_init_builds_replacements_on_meta():
+    with slapo.init_empty_weights():
+        model = tiny_model("gpt2")
+    sch = apply_schedule(model, "gpt2", delay_init=True)
+    assert model.transformer.h[0].attn.qkv_proj.weight.is_meta
+    built, _ = slapo.build(sch, init_weights=True)
+    assert not any(p.is_meta for p in built.parameters())
+    out = built(**example_inputs("gpt2"))
+    assert torch.isfinite(out.loss)
+
+
+@pytest.mark.parametrize("family,stack", [("bert", "bert.encoder.layer"),
+                                          ("opt", "model.decoder.layers")])
+def test_pipeline_cuts_split_the_model_into_stages(family, stack):
+    from slapo.pipeline import CUTS_KEY, build_pipeline_stages
+
+    sch = apply_schedule(tiny_model(family), family, pipeline_cuts=[0],
+                         example_inputs=example_inputs(family))
+    assert sch.metadata[CUTS_KEY] == [f"{stack}.0"]
+    assert len(build_pipeline_stages(sch)) == 2
