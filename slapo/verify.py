@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -236,11 +235,8 @@ def verify(
     try:
         if load_weights:
             _load_reference_weights(ref_model, model)
-        with warnings.catch_warnings():
-            # Module backward hooks (used for localisation) warn about HF dict outputs: harmless.
-            warnings.filterwarnings("ignore", message=".*(backward hook|backward hooks).*")
-            report = _run(ref_model, model, example_inputs, group, check_grads, dtype, rtol, atol,
-                          steps, lr, eval_mode, seed, localize)
+        report = _run(ref_model, model, example_inputs, group, check_grads, dtype, rtol, atol,
+                      steps, lr, eval_mode, seed, localize)
     finally:
         saved.restore()
     report.rank = dist.get_rank() if dist.is_initialized() else 0

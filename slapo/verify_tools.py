@@ -139,14 +139,12 @@ class OutputRecorder:
         self.grad_records: List[Tuple[str, int, torch.Tensor]] = []
         self.active: List[str] = []
         self._calls: Dict[str, int] = {}
-        self._grad_calls: Dict[str, int] = {}
         self._handles = []
         for path, mod in model.named_modules(remove_duplicate=False):
             path = path or "<root>"
             self._handles += [
                 mod.register_forward_pre_hook(self._enter(path)),
                 mod.register_forward_hook(self._exit(path)),
-                mod.register_full_backward_pre_hook(self._grad(path)),
             ]
 
     def _enter(self, path: str):
@@ -165,16 +163,16 @@ class OutputRecorder:
             n = self._calls.get(path, 0)
             self._calls[path] = n + 1
             self.records.append((path, n, t.detach().clone()))
+            if t.requires_grad:
+                # A tensor hook (not a module backward hook): it does not wrap the output, so
+                # in-place ops on it later (e.g. ReLU(inplace=True)) stay legal.
+                t.register_hook(self._grad(path, n))
 
         return hook
 
-    def _grad(self, path: str):
-        def hook(mod, grad_output):
-            t = first_tensor(grad_output)
-            if t is not None:
-                n = self._grad_calls.get(path, 0)
-                self._grad_calls[path] = n + 1
-                self.grad_records.append((path, n, t.detach().clone()))
+    def _grad(self, path: str, n: int):
+        def hook(grad: torch.Tensor) -> None:
+            self.grad_records.append((path, n, grad.detach().clone()))
 
         return hook
 

@@ -79,3 +79,39 @@ def test_explain_lists_changes():
     assert f"  {ACT} (GELU): replaced GELUActivation -> GELU" in text
     assert "  bert.encoder.layer.1 (BertLayer): checkpointed" in text
     assert "annotate weight.replicated_param=True" in text
+
+
+def test_in_place_activations_and_backward_localisation():
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(inplace=True),
+                             nn.Linear(8, 4))
+
+    sch = slapo.create_schedule(make(), keep_original=True)
+    assert slapo.verify(sch, (torch.randn(6, 8),), eval_mode=False).ok
+    # a wrong backward only: the forward matches, the gradient reaching '0' does not
+    sch["1"].replace(GradScaled(sch["1"].mod))
+    report = slapo.verify(sch, (torch.randn(6, 8),), eval_mode=False, raise_on_mismatch=False)
+    assert not report.ok and report.first_divergence is None
+    assert report.first_grad_divergence[0] == "0"
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return 2 * g
+
+
+class GradScaled(nn.Module):
+    """Same forward as ``inner``; doubles the gradient flowing back into it."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(_ScaleGrad.apply(x))
