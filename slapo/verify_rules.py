@@ -15,36 +15,27 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Dict, List
 
 from torch import nn
 
 from .forward_wrap import has_forward_wrapper
 from .schedule import Schedule
-from .sharding.layout import check_layouts, shard_info
+from .sharding.layout import LayoutProblem, check_layouts, shard_info
 from .sharding.rules import head_rule_for
 from .sharding.spec import get_shard_spec
 
 __all__ = ["Problem", "check_schedule"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Problem:
-    """One rule violation: where, what is wrong, how to fix it."""
-
-    path: str
-    what: str
-    hint: str
-
-    def __str__(self) -> str:
-        return f"'{self.path or '<root>'}': {self.what}. Hint: {self.hint}"
+# One record type for every rule violation (layout rules and the checks below).
+Problem = LayoutProblem
 
 
 def check_schedule(sch: Schedule) -> List[Problem]:
     """Every rule violation found in the schedule tree of ``sch`` (empty list: none)."""
     root = sch.root
-    problems = [Problem(p.path, p.what, p.hint) for p in check_layouts(root)]
+    problems = list(check_layouts(root))
     nodes = list(root.named_schedules())
     problems += _head_problems(nodes)
     problems += _tie_problems(root)

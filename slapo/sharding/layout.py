@@ -129,7 +129,7 @@ class LayoutProblem:
     hint: str
 
     def __str__(self) -> str:
-        return f"'{self.path}': {self.what}. Hint: {self.hint}"
+        return f"'{self.path or '<root>'}': {self.what}. Hint: {self.hint}"
 
 
 def _reduces_output(rec: SyncRecord) -> bool:
