@@ -7,8 +7,10 @@ One panel per model (in order of first appearance), x = GPU (rank) counts, one b
 **max** throughput over the rows of that (system, model, n) — i.e. over checkpoint settings and
 batch sizes, as in the artifact. A coloured "X" marks a run that produced no throughput
 (oom/fail/timeout/skipped); a grey "x" marks a system that has no row there at all (e.g. no
-Megatron-LM model for RoBERTa). Speedups (Slapo-TP vs Megatron-LM, Slapo-ZeRO3 vs DeepSpeed,
-Slapo vs Eager, best Slapo vs best baseline) are printed. All numbers come from the results file.
+Megatron-LM model for RoBERTa). At each GPU count a panel has slots only for the system groups
+(Figure-7 four, eager/Slapo pair) run there; a Slapo bar carries its speedup over its baseline
+(Slapo-TP / Megatron-LM, Slapo-ZeRO3 / DeepSpeed, Slapo / Eager). Speedups (those pairs and
+best Slapo vs best baseline) are printed. All numbers come from the results file.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ GROUPS = (("megatron", "slapo-megatron", "deepspeed", "slapo-deepspeed"), ("eage
 PAIRS = (("slapo-megatron", "megatron"), ("slapo-deepspeed", "deepspeed"), ("slapo", "eager"))
 BASELINES = ("megatron", "deepspeed", "eager")
 _LABEL = {impl: label for impl, label, _ in SYSTEMS}
+_PAIR_BASE = dict(PAIRS)  # a Slapo system's bar is labelled with its speedup over this baseline
 _COLOR = {impl: color for impl, _, color in SYSTEMS}
 
 
@@ -146,17 +149,23 @@ def make_figure(table: Table, x_label: str = "# GPUs", title: str = ""):
                              squeeze=False)
     for ax, model in zip(axes.flat, models):
         ns = sorted(table[model])
-        panel = _panel_systems(table[model], systems)
-        width = 0.8 / max(1, len(panel))
+        slots = {n: _panel_systems({n: table[model][n]}, systems) for n in ns}
+        width = 0.8 / max(1, max(len(v) for v in slots.values()))
         peak = max((c.thrpt for per in table[model].values() for c in per.values()
                     if c.thrpt is not None), default=1.0)
-        for s_idx, impl in enumerate(panel):
-            offset = (s_idx - (len(panel) - 1) / 2) * width
-            for x, n in enumerate(ns):
-                cell = table[model][n].get(impl)
-                pos = x + offset
+        for x, n in enumerate(ns):
+            cells, panel = table[model][n], slots[n]
+            for s_idx, impl in enumerate(panel):
+                cell = cells.get(impl)
+                pos = x + (s_idx - (len(panel) - 1) / 2) * width
                 if cell is not None and cell.thrpt is not None:
                     ax.bar(pos, cell.thrpt, width, color=_COLOR.get(impl, "#777777"))
+                    base = _PAIR_BASE.get(impl)
+                    ref = cells.get(base) if base else None
+                    if ref is not None and ref.thrpt:
+                        ax.annotate(f"{cell.thrpt / ref.thrpt:.2f}x", (pos, cell.thrpt),
+                                    xytext=(0, 2), textcoords="offset points", ha="center",
+                                    va="bottom", fontsize=7)
                 elif cell is not None:  # ran, no throughput
                     ax.plot(pos, 0.04 * peak, marker="x", markersize=9, markeredgewidth=2.5,
                             color=_COLOR.get(impl, "#777777"), linestyle="none")
@@ -168,7 +177,7 @@ def make_figure(table: Table, x_label: str = "# GPUs", title: str = ""):
         ax.set_title(_model_label(model))
         ax.set_xlabel(x_label)
         ax.set_ylabel("samples/s")
-        ax.set_ylim(0, peak * 1.15)
+        ax.set_ylim(0, peak * 1.2)
         ax.grid(axis="y", alpha=0.3)
     for ax in list(axes.flat)[len(models):]:
         ax.set_visible(False)
@@ -180,10 +189,12 @@ def make_figure(table: Table, x_label: str = "# GPUs", title: str = ""):
                        markeredgewidth=2.5),
                 Line2D([], [], marker="x", color="#aaaaaa", linestyle="none", markersize=5)]
     labels += ["OOM / failed", "not supported / not run"]
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 8), frameon=False)
+    height = 3.0 * nrows + 0.6
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 8), frameon=False,
+               fontsize=8, bbox_to_anchor=(0.5, 1.0))
     if title:
-        fig.suptitle(title, y=0.02, fontsize=9)
-    fig.tight_layout(rect=(0, 0.03 if title else 0, 1, 0.92))
+        fig.text(0.5, 0.005, title, ha="center", va="bottom", fontsize=8)
+    fig.tight_layout(rect=(0, 0.25 / height if title else 0, 1, 1 - 0.4 / height))
     return fig
 
 

@@ -1,17 +1,34 @@
 #!/usr/bin/env bash
 # Run every line of a benchmark config (the artifact's entry point), then plot Figure 7.
-#   bash end2end/run_all_single_node.sh end2end/configs/cpu.cfg [extra end2end.sweep args]
-# Results go to ${RESULTS:-results/<config name>.tsv}; re-running resumes where it stopped.
+#   cd end2end && bash run_all_single_node.sh configs/cpu.cfg [extra end2end.sweep args]
+# 1. set-up (idempotent; SKIP_SETUP=1 skips it): scripts/setup.sh creates .venv with the pinned
+#    stack on a fresh machine, PYTHON=... uses another interpreter instead;
+# 2. the environment dump next to the results (<results>.env.txt);
+# 3. the sweep (resumable: re-running continues where it stopped), 4. the figure.
+# Results go to ${RESULTS:-<repo>/results/<config name>.tsv}; the figure to <results>-fig7.png/pdf.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CFG="${1:?usage: run_all_single_node.sh CONFIG [sweep args]}"
 shift
-PY="${PYTHON:-$ROOT/.venv/bin/python}"
-[[ -x "$PY" ]] || PY=python3
+[[ -f "$CFG" ]] || { echo "run_all_single_node.sh: no config file '$CFG'" >&2; exit 2; }
+CFG="$(cd "$(dirname "$CFG")" && pwd)/$(basename "$CFG")"   # paths are relative to the caller
 NAME="$(basename "$CFG" .cfg)"
-RESULTS="${RESULTS:-results/$NAME.tsv}"
-DEVICE="${DEVICE:-$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}"
+RESULTS="${RESULTS:-$ROOT/results/$NAME.tsv}"
+[[ "$RESULTS" = /* ]] || RESULTS="$PWD/$RESULTS"
+if [[ -z "${PYTHON:-}" && "${SKIP_SETUP:-0}" != 1 ]]; then
+  bash "$ROOT/scripts/setup.sh"
+fi
+PY="${PYTHON:-$ROOT/.venv/bin/python}"
+[[ -x "$PY" ]] || PY="$(command -v python3)"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+DEVICE="${DEVICE:-$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}"
 cd "$ROOT"
+mkdir -p "$(dirname "$RESULTS")"
+"$PY" scripts/env_dump.py --device "$DEVICE" | tee "${RESULTS%.tsv}.env.txt"
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime)"
+start=$(date +%s)
 "$PY" -m end2end.sweep "$CFG" --results "$RESULTS" --device "$DEVICE" "$@"
-"$PY" -m end2end.plot "$RESULTS" -o "${RESULTS%.tsv}-fig7" --title "$NAME on $DEVICE"
+echo "sweep: $(( $(date +%s) - start )) s; load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
+DESC="$("$PY" -c 'import os, torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {len(os.sched_getaffinity(0))} cores")')"
+"$PY" -m end2end.plot "$RESULTS" -o "${RESULTS%.tsv}-fig7" \
+  --title "$(basename "$CFG") on $DESC: training samples/s (higher is better); labels: Slapo speedup over its baseline"

@@ -13,12 +13,19 @@
                      runtime (``slapo.build(target="megatron")``)
 ``megatron``         megatron-core's own GPT/BERT/T5 built from the HF config
                      (:mod:`end2end.baselines.megatron_core`) under the same runtime
+``eager``            the unscheduled HF model on plain PyTorch (HF gradient checkpointing with
+                     ``ckpt``; data parallel with ``DistributedDataParallel`` on several ranks)
+``slapo``            the scheduled model on plain PyTorch (``slapo.build(target="torch")``);
+                     on several ranks the schedule shards it (TP = world size)
 ===================  ==========================================================================
 
 Every mode uses the same optimizer (default AdamW, lr 1.5e-4, as the artifact's Megatron runs).
-Schedules (kernels, sharding, checkpointing) come from the ``schedule`` callable, e.g. a model
-recipe of ``slapo.model_schedule``; activation checkpointing of the ``slapo-*`` modes is the
-schedule's business, ``ckpt`` only affects the baselines.
+Schedules (kernels, sharding, checkpointing) come from ``schedule``: a callable ``fn(sch)``, or a
+:class:`ModelSchedule` naming a recipe of :mod:`slapo.model_schedule` and its knobs (the
+benchmark driver's choice; the recipe gets the mode's tensor-parallel group: megatron's for
+``slapo-megatron``, the world for ``slapo``, a one-rank group for ``slapo-deepspeed``, which is
+ZeRO-3 without TP). Activation checkpointing of the Slapo modes is the schedule's business,
+``ckpt`` only affects the baselines.
 """
 
 from __future__ import annotations
@@ -34,9 +41,10 @@ import slapo
 from slapo.distributed import init_distributed, teardown
 from slapo.errors import ConfigError
 
-__all__ = ["MODES", "Runner", "make_runner", "hf_model_from_config", "default_optimizer"]
+__all__ = ["MODES", "Runner", "ModelSchedule", "make_runner", "hf_model_from_config",
+           "default_optimizer"]
 
-MODES = ("deepspeed", "slapo-deepspeed", "slapo-megatron", "megatron")
+MODES = ("deepspeed", "slapo-deepspeed", "slapo-megatron", "megatron", "eager", "slapo")
 Batch = Dict[str, torch.Tensor]
 ScheduleFn = Callable[[slapo.Schedule], None]
 
@@ -74,6 +82,21 @@ def hf_model_from_config(config: Any, seed: int = 0) -> nn.Module:
     return cls.from_config(config).train()
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelSchedule:
+    """A recipe of :mod:`slapo.model_schedule` (``family``, e.g. ``"gpt_neo"``) and its knobs
+    (``ScheduleConfig`` fields such as ``attn_kernel``, ``ckpt_ratio``, ``dtype``; never
+    ``group``: the runner passes the mode's tensor-parallel group)."""
+
+    family: str
+    knobs: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def apply(self, model: nn.Module, group: Any) -> slapo.Schedule:
+        from slapo.model_schedule import apply_schedule
+
+        return apply_schedule(model, self.family, group=group, **self.knobs)
+
+
 @dataclasses.dataclass
 class Runner:
     """A built model of one mode. ``train_step(batch)`` runs one optimizer step on this rank's
@@ -106,6 +129,36 @@ def _deepspeed_step(engine: Any) -> Callable[[Batch], float]:
     return step
 
 
+def _torch_step(model: nn.Module, opt: torch.optim.Optimizer,
+                dp_group: Any = None) -> Callable[[Batch], float]:
+    """Plain PyTorch: forward, backward, optimizer step; the loss averaged over ``dp_group``."""
+    device = next(model.parameters()).device
+
+    def step(batch: Batch) -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+        loss.backward()
+        opt.step()
+        loss = loss.detach().clone()
+        if dp_group is not None:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=dp_group)
+        return loss.item()
+
+    return step
+
+
+def _schedule_group(mode: str, world_size: int, tp: int) -> Any:
+    """The tensor-parallel group a Slapo mode's schedule shards over (None = the world)."""
+    if mode == "slapo-megatron":
+        from slapo.dialects.megatron import initialize_megatron
+
+        return initialize_megatron(tp)
+    if mode == "slapo-deepspeed" and world_size > 1:  # ZeRO-3 without TP: one rank per group
+        group, _ = dist.new_subgroups(group_size=1)
+        return group
+    return None
+
+
 def make_runner(
     mode: str,
     model_or_config: Union[str, Any, nn.Module],
@@ -116,6 +169,8 @@ def make_runner(
     deepspeed_config: Optional[Dict[str, Any]] = None,
     num_microbatches: int = 1,
     seed: int = 0,
+    dtype: Optional[torch.dtype] = None,
+    tensor_parallel: Optional[int] = None,
 ) -> Runner:
     """Build ``mode``'s model on this rank (see the module docstring).
 
@@ -123,18 +178,25 @@ def make_runner(
         model_or_config: a transformers config or a model name of the zoo
             (``end2end.models``, e.g. ``"gpt2-medium"``); the ``deepspeed``/``slapo-*`` modes
             also take a built HF model.
-        schedule: ``fn(sch)`` applying the Slapo schedule (``slapo-*`` modes).
+        schedule: the Slapo schedule of the Slapo modes: ``fn(sch)`` or a
+            :class:`ModelSchedule` (ignored by the baselines).
         ckpt: activation checkpointing of the baselines: truthy for HF gradient checkpointing
-            (``deepspeed``), ``"full"``/``"selective"`` for megatron's recomputation.
+            (``deepspeed``, ``eager``), ``"full"``/``"selective"`` for megatron's recomputation.
         optimizer: factory ``fn(params)``, the same in every mode.
         deepspeed_config: DeepSpeed config of the ``*deepspeed`` modes (default ZeRO-3).
         num_microbatches: micro-batches per step of the ``*megatron`` modes.
         seed: weights are drawn after ``torch.manual_seed(seed)``.
+        dtype: training precision (default fp32). DeepSpeed modes get the matching
+            ``fp16``/``bf16`` config section (mixed precision, fp32 master weights in ZeRO);
+            the other modes train the model cast to ``dtype`` (pure low precision).
+        tensor_parallel: TP size of the ``*megatron`` modes (default: the world size; the rest
+            of the ranks are data parallel).
     """
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}", call="make_runner",
                           hint=f"use one of {', '.join(MODES)}")
     env = init_distributed()
+    tp = tensor_parallel or env.world_size
     if mode == "megatron":
         from slapo.dialects.megatron import MegatronRuntime
 
@@ -144,30 +206,45 @@ def make_runner(
         if isinstance(config, nn.Module):
             raise ConfigError("mode 'megatron' builds its own model from a config",
                               call="make_runner", hint="pass the model's config")
-        model = build_megatron_model(config, env.world_size,
+        model = build_megatron_model(config, tp,
                                      recompute=ckpt if isinstance(ckpt, str) else None,
                                      seed=seed)
+        if dtype is not None:
+            model = model.to(dtype)
         opt = optimizer([p for p in model.parameters() if p.requires_grad])
         runtime = MegatronRuntime(model, opt, megatron_loss_fn(config), num_microbatches)
         return Runner(mode, model, opt, runtime.train_step)
 
-    group = None
-    if mode == "slapo-megatron":
-        from slapo.dialects.megatron import initialize_megatron
-
-        group = initialize_megatron(env.world_size)
+    group = _schedule_group(mode, env.world_size, tp) if mode.startswith("slapo") else None
     model = model_or_config
     if not isinstance(model, nn.Module):
         model = hf_model_from_config(_config_of(model_or_config), seed)
-    if mode == "deepspeed" and ckpt:
+    if mode in ("deepspeed", "eager") and ckpt and ckpt != "0":
         model.gradient_checkpointing_enable()
-    sch = slapo.create_schedule(model, group=group)
-    if schedule is not None and mode != "deepspeed":
-        schedule(sch)
+    low = dtype is not None and dtype != torch.float32
+    if low and not mode.endswith("deepspeed"):
+        model = model.to(dtype)
+    if isinstance(schedule, ModelSchedule) and mode.startswith("slapo"):
+        sch = schedule.apply(model, group)
+    else:
+        sch = slapo.create_schedule(model, group=group)
+        if schedule is not None and mode.startswith("slapo"):
+            schedule(sch)
     if mode == "slapo-megatron":
         runtime, opt = slapo.build(sch, target="megatron", optimizer=optimizer,
                                    num_microbatches=num_microbatches)
         return Runner(mode, runtime.module, opt, runtime.train_step)
-    engine, opt = slapo.build(sch, target="deepspeed", optimizer=optimizer,
-                              config=deepspeed_config or default_deepspeed_config())
+    if mode in ("eager", "slapo"):
+        built, _ = slapo.build(sch, target="torch")
+        built = built.to(env.device)
+        opt = optimizer([p for p in built.parameters() if p.requires_grad])
+        dp_group = None
+        if mode == "eager" and env.world_size > 1:  # data parallel
+            built = torch.nn.parallel.DistributedDataParallel(built)
+            dp_group = dist.group.WORLD
+        return Runner(mode, built, opt, _torch_step(built, opt, dp_group))
+    ds_config = dict(deepspeed_config or default_deepspeed_config())
+    if low:
+        ds_config["bf16" if dtype == torch.bfloat16 else "fp16"] = {"enabled": True}
+    engine, opt = slapo.build(sch, target="deepspeed", optimizer=optimizer, config=ds_config)
     return Runner(mode, engine, opt, _deepspeed_step(engine))

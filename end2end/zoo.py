@@ -173,7 +173,7 @@ _add("cpu/roberta", "roberta", "RoBERTa (CPU)", layers=4, max_positions=512, **_
 _add("cpu/albert", "albert", "ALBERT (CPU)", layers=4, max_positions=512, embedding_size=128,
      **_CPU)
 _add("cpu/gpt2", "gpt2", "GPT-2 (CPU)", layers=4, max_positions=1024, **_CPU)
-_add("cpu/gpt-neo", "gpt_neo", "GPT-Neo (CPU)", layers=4, max_positions=1024, **_CPU)
+_add("cpu/gpt-neo", "gpt_neo", "GPT-Neo (CPU)", layers=4, max_positions=2048, **_CPU)  # as GPT-Neo
 _add("cpu/opt", "opt", "OPT (CPU)", layers=4, max_positions=1024, **_CPU)
 _add("cpu/llama", "llama", "LLaMA (CPU)", layers=4, hidden=512, heads=8, kv_heads=4, ffn=1408,
      gated_ffn=True, vocab=8192, max_positions=1024)
@@ -181,3 +181,15 @@ _add("cpu/t5", "t5", "T5 (CPU)", layers=2, decoder_layers=2, head_dim=64, max_po
      **_CPU)
 _add("cpu/wideresnet", "wideresnet", "WideResNet (CPU)", block_layers=(1, 1, 2, 1),
      width_per_group=64, image_size=64, num_classes=100)
+
+# ---- tiny versions for the driver's tests (seconds per run, any sequence length <= 128) ------
+_TINY = dict(layers=2, hidden=64, heads=4, ffn=128, vocab=256, max_positions=128)
+for _name, _family in (("tiny/bert", "bert"), ("tiny/roberta", "roberta"),
+                       ("tiny/gpt2", "gpt2"), ("tiny/gpt-neo", "gpt_neo"), ("tiny/opt", "opt")):
+    _add(_name, _family, _name, **_TINY)
+_add("tiny/albert", "albert", "tiny/albert", embedding_size=32, **_TINY)
+_add("tiny/llama", "llama", "tiny/llama", kv_heads=2, gated_ffn=True,
+     **{**_TINY, "ffn": 96})
+_add("tiny/t5", "t5", "tiny/t5", decoder_layers=2, head_dim=16, **_TINY)
+_add("tiny/wideresnet", "wideresnet", "tiny/wideresnet", block_layers=(1, 1, 1, 1),
+     width_per_group=4, image_size=32, num_classes=10)

@@ -26,6 +26,7 @@ supported yet.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -137,6 +138,11 @@ class _Chunk:
         config.finalize_model_grads_func = finalize
         self.module, self.config = module, config
         self.model_type = getattr(module, "model_type", ModelType.encoder_or_decoder)
+        decoder = getattr(module, "decoder", None)
+        if decoder is not None and not hasattr(decoder, "layers"):
+            # megatron's schedule tags ``<model>.decoder.layers`` with the micro-batch index; a
+            # HF encoder-decoder (T5's ``decoder`` stack has ``block``) has no such layers.
+            self.decoder = SimpleNamespace(layers=())
 
     def set_input_tensor(self, tensor: Any) -> None:
         setter = getattr(self.module, "set_input_tensor", None)

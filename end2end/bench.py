@@ -1,0 +1,304 @@
+"""The benchmark driver: one training run of one mode, measured in-process, one results row.
+
+    torchrun --standalone --nproc_per_node N -m end2end.bench \\
+        --mode MODE --model MODEL --seq-len S --dec-seq-len D --batch-size B --ckpt C \\
+        --results FILE [--steps 40] [--warmup 5] [--dtype fp32|fp16|bf16] \\
+        [--tp T] [--pp P] [--micro-batch-size M] [--device cpu|cuda] \\
+        [--peak-tflops X] [--gemm-seconds 0.5]
+
+(``end2end.sweep`` and ``end2end.launch`` build this command line from a config line; a plain
+``python -m end2end.bench ...`` is a one-rank run.) Every mode goes through the same code:
+
+1. the arguments become a validated :class:`~end2end.config.RunSpec` (``make_run_spec``, with
+   ``n`` = the world size);
+2. the mode's runtime is imported and a memory baseline taken; the machine's GEMM rate is
+   measured on all ranks at once (after a barrier; ranks share a CPU host): the best of five
+   windows per rank, averaged over ranks, unless ``--peak-tflops`` gives it (e.g. measured once
+   per sweep);
+3. the model is built from the zoo (:mod:`end2end.models`, random weights, no downloads); the
+   Slapo modes get their model schedule (:mod:`slapo.model_schedule`: op-library SDPA
+   attention, fusion, ``ckpt_ratio`` = CKPT; TP = the world size for ``slapo-megatron`` and
+   ``slapo``, no TP under ZeRO-3 for ``slapo-deepspeed``), and
+   :func:`end2end.runtimes.make_runner` wraps it in the mode's runtime;
+4. ``warmup`` steps run untimed, then ``steps`` timed steps (:class:`~end2end.measure.StepTimer`:
+   device sync + barrier around the window, the slowest rank's time);
+5. rank 0 appends one row: samples/s (global batch x steps / time), step time, peak memory per
+   rank (:class:`~end2end.measure.PeakMemory`: CUDA max allocated, or on CPU the resident-set
+   high-water mark over a post-import baseline), parameters stored per rank, model TFLOP/s per
+   rank and MFU (:mod:`end2end.flops`), versions, commit, device, world/TP/PP/DP, status.
+
+**Failures.** An exception on any rank becomes a row written by that rank: ``oom`` for an
+out-of-memory error, else ``fail`` with the message (full traceback in the JSON twin). A key in
+the job's rendezvous store makes sure only the first writer of a run writes, so a run has exactly
+one row. The process then exits with status 1 (``torchrun`` stops the other ranks) so the sweep
+sees it too. ``SLAPO_BENCH_FAULT`` injects faults for tests (:mod:`end2end.measure`).
+
+Batches: a data-parallel rank trains on ``B / DP`` samples, tensor-parallel ranks on the same
+batch (DP = n for ``deepspeed``/``slapo-deepspeed``/``eager``, TP = n for the others, see
+``RunSpec.parallel_sizes``); the batch is synthetic (``make_inputs``) and reused every step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import itertools
+import os
+import sys
+import time
+import traceback
+from dataclasses import replace
+from typing import Any, Dict, Optional, Sequence
+
+__all__ = ["run_bench", "spec_from_args", "parse_args", "main", "DEFAULTS"]
+
+DEFAULTS = dict(steps=40, warmup=5, dtype="fp32")
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+_RUN_COUNTER = itertools.count()  # distinguishes several runs in one process (tests)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m end2end.bench",
+                                description="Train one benchmark run and append its row.")
+    p.add_argument("--mode", required=True)
+    p.add_argument("--model", required=True, help="a zoo name (python -m end2end.models)")
+    p.add_argument("--seq-len", type=int, required=True)
+    p.add_argument("--dec-seq-len", type=int, default=0)
+    p.add_argument("--batch-size", type=int, required=True, help="global batch")
+    p.add_argument("--ckpt", default="0", help="CKPT as in a config line")
+    p.add_argument("--results", required=True, help="results TSV to append the row to")
+    p.add_argument("--steps", type=int, default=None, help=f"default {DEFAULTS['steps']}")
+    p.add_argument("--warmup", type=int, default=None, help=f"default {DEFAULTS['warmup']}")
+    p.add_argument("--dtype", choices=tuple(_DTYPES), default=None, help="default fp32")
+    p.add_argument("--tp", type=int, default=None)
+    p.add_argument("--pp", type=int, default=None)
+    p.add_argument("--micro-batch-size", type=int, default=None)
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="default: CUDA when available")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="per-rank peak for MFU (skips the in-run GEMM measurement)")
+    p.add_argument("--gemm-seconds", type=float, default=0.5,
+                   help="duration of the in-run GEMM-rate measurement")
+    return p.parse_args(argv)
+
+
+def spec_from_args(args: argparse.Namespace, world_size: int):
+    """The validated RunSpec of the command line, with defaults filled in."""
+    from .config import make_run_spec
+
+    spec = make_run_spec(args.mode, args.model, world_size, args.seq_len, args.dec_seq_len,
+                         args.batch_size, args.ckpt, steps=args.steps, warmup=args.warmup,
+                         dtype=args.dtype, tp=args.tp, pp=args.pp,
+                         micro_batch=args.micro_batch_size)
+    return replace(spec, **{k: v for k, v in DEFAULTS.items() if getattr(spec, k) is None})
+
+
+def _import_runtime(mode: str) -> None:
+    """Import the mode's framework before the memory baseline (its code is not model memory)."""
+    if mode.endswith("deepspeed"):
+        from slapo.compat.deepspeed_startup import import_deepspeed
+
+        import_deepspeed()
+    elif mode.endswith("megatron"):
+        import megatron.core  # noqa: F401
+
+
+def _layout(spec) -> Dict[str, int]:
+    """TP/PP/DP, this rank's batch and the number of micro-batches; ConfigError if unsupported."""
+    from slapo.errors import ConfigError
+
+    tp, pp, dp = spec.parallel_sizes
+    if pp > 1:
+        raise ConfigError(f"pp={pp}: pipeline parallelism is not supported by the driver yet",
+                          call="end2end.bench", hint="use pp=1 (tensor/data parallelism)")
+    if tp > 1 and spec.framework != "megatron" and not (spec.mode == "slapo" and tp == spec.n):
+        raise ConfigError(f"tp={tp} is not available in mode {spec.mode!r}",
+                          call="end2end.bench", hint="TP runs under the megatron modes "
+                          "(any tp dividing n) or 'slapo' (tp = n)")
+    if spec.batch_size % dp:
+        raise ConfigError(f"global batch {spec.batch_size} is not divisible by the "
+                          f"{dp} data-parallel ranks", call="end2end.bench",
+                          hint="choose a batch that is a multiple of the DP size")
+    local = spec.batch_size // dp
+    micro = spec.micro_batch or local
+    if local % micro:
+        raise ConfigError(f"the per-rank batch {local} is not a multiple of micro-batch {micro}",
+                          call="end2end.bench")
+    if micro != local and spec.framework != "megatron":
+        raise ConfigError("micro-batches (gradient accumulation) are implemented for the "
+                          "megatron modes only", call="end2end.bench",
+                          hint="drop --micro-batch-size")
+    return dict(tp=tp, pp=pp, dp=dp, local_batch=local, microbatches=local // micro)
+
+
+def _make_runner(spec, layout: Dict[str, int], torch_dtype, device):
+    from .models import build_hf_config, build_model, get_model_spec
+    from .runtimes import ModelSchedule, make_runner
+
+    model_spec = get_model_spec(spec.model)
+    if spec.mode == "megatron":
+        target = build_hf_config(model_spec)
+    else:  # built where it trains: initialising a 1B model on the host takes long
+        target = build_model(model_spec, seed=0, device=device)
+    schedule = None
+    if spec.is_slapo:
+        schedule = ModelSchedule(model_spec.schedule, dict(ckpt_ratio=spec.ckpt_ratio or 0.0))
+    ckpt = spec.ckpt if spec.mode == "megatron" else spec.ckpt != "0"
+    ds_config = {"train_micro_batch_size_per_gpu": layout["local_batch"],
+                 "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+                 "zero_optimization": {"stage": 3}}
+    return make_runner(spec.mode, target, schedule=schedule, ckpt=ckpt,
+                       deepspeed_config=ds_config, num_microbatches=layout["microbatches"],
+                       seed=0, dtype=torch_dtype, tensor_parallel=layout["tp"])
+
+
+def _claim_row(run_id: int) -> bool:
+    """True for the first rank of this job to claim the run's row (rendezvous store)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            return store.add(f"end2end.bench/row/{run_id}", 1) == 1
+        except Exception:  # pragma: no cover - no store reachable: fall back to rank 0
+            pass
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict[str, Any]):
+    """Build, warm up, time; returns the row's metric fields (collective over all ranks)."""
+    import torch
+
+    from slapo.distributed import init_distributed
+
+    from .flops import measure_gemm_flops, mfu, tflops_per_rank, train_flops_per_sample
+    from .measure import (PeakMemory, StepTimer, all_reduce_float, local_parameters,
+                          maybe_inject_fault)
+    from .models import get_model_spec, make_inputs
+
+    env = init_distributed()
+    torch_dtype = getattr(torch, _DTYPES[spec.dtype])
+    _import_runtime(spec.mode)
+    memory = PeakMemory(env.device)
+    memory.mark_baseline()
+    if args.peak_tflops:
+        peak = args.peak_tflops * 1e12
+    else:
+        StepTimer(env.device).start()  # barrier: all ranks measure the shared machine at once
+        size = 4096 if env.device.type == "cuda" else 1024
+        gemm_dtype = torch_dtype if env.device.type == "cuda" else torch.float32
+        rates = [measure_gemm_flops(env.device, gemm_dtype, size=size,
+                                    seconds=args.gemm_seconds / 5, warmup=1 if i else 3)
+                 for i in range(5)]  # the best of 5 windows: a shared host only slows down
+        peak = all_reduce_float(max(rates), "avg")
+    runner = _make_runner(spec, layout, torch_dtype if spec.dtype != "fp32" else None,
+                          env.device)
+    dp_rank = env.rank // layout["tp"]
+    gen = torch.Generator().manual_seed(1000 + dp_rank)
+    batch = make_inputs(get_model_spec(spec.model), layout["local_batch"], spec.seq_len,
+                        spec.dec_seq_len, generator=gen, device=env.device,
+                        dtype=torch_dtype if spec.dtype != "fp32" else None)
+    params = all_reduce_float(local_parameters(runner.model), "max")
+    memory.start()
+    maybe_inject_fault(env.rank)
+    losses = [runner.train_step(batch) for _ in range(spec.warmup)]
+    timer = StepTimer(env.device)
+    timer.start()
+    for _ in range(spec.steps):
+        losses.append(runner.train_step(batch))
+        timer.lap()
+    elapsed = timer.stop()
+    mem = all_reduce_float(memory.peak_bytes(), "max")
+    del runner, batch
+    thrpt = spec.batch_size * spec.steps / elapsed
+    flops = train_flops_per_sample(spec.model, spec.seq_len, spec.dec_seq_len)
+    extra.update(losses=[round(x, 5) for x in losses], step_times=[round(t, 5) for t in
+                 timer.step_times], memory_method=memory.method,
+                 train_flops_per_sample=flops, local_batch=layout["local_batch"],
+                 microbatches=layout["microbatches"], warmup=spec.warmup,
+                 threads=torch.get_num_threads())
+    if not all(map(lambda x: x == x and abs(x) != float("inf"), losses)):
+        raise FloatingPointError(f"non-finite loss: {losses}")
+    return dict(thrpt=thrpt, per_gpu_param=params / 1e6, per_gpu_mem=mem / 1e9,
+                per_gpu_tflops=tflops_per_rank(thrpt, flops, spec.n),
+                mfu=mfu(thrpt, flops, spec.n, peak), step_time=elapsed / spec.steps,
+                peak_tflops=peak / 1e12)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """One run on this rank (collective over the job); returns the exit status (0 = ok).
+
+    Callable several times in one process group (tests); each call writes exactly one row.
+    """
+    from slapo.distributed import init_distributed, teardown
+
+    from .measure import is_oom
+
+    run_id = next(_RUN_COUNTER)
+    spec, rank, extra = None, int(os.environ.get("RANK", "0")), {}
+    start = time.time()
+    try:
+        env = init_distributed()
+        rank = env.rank
+        spec = spec_from_args(args, env.world_size)
+        if args.device == "cuda" and env.device.type != "cuda":
+            raise RuntimeError("--device cuda but no CUDA device is available")
+        extra["loadavg_start"] = list(os.getloadavg())
+        values = _measure(spec, _layout(spec), args, extra)
+        status, error = "ok", ""
+    except Exception as exc:  # every failure becomes a row (MemoryError included)
+        status = "oom" if is_oom(exc) else "fail"
+        error = f"rank {rank}: {type(exc).__name__}: {exc}"
+        extra["traceback"] = traceback.format_exc()
+        print(f"end2end.bench: {status}: {error}", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        values = {}
+    try:
+        return _write_row(args, spec, run_id, rank, status, error, values, extra, start)
+    finally:
+        teardown()  # megatron state, DeepSpeed comm, the default group if we created it
+
+
+def _write_row(args, spec, run_id: int, rank: int, status: str, error: str,
+               values: Dict[str, Any], extra: Dict[str, Any], start: float) -> int:
+    """Rank 0 (ok) or the first failing rank appends the row; returns the exit status."""
+    from .env import env_dump
+    from .results import ResultRow, append_result, env_columns
+
+    if spec is None:  # the arguments themselves are invalid: nothing to key a row by
+        print(f"end2end.bench: no row written ({error})", file=sys.stderr)
+        return 2
+    if status == "ok" and rank != 0:
+        return 0
+    if not _claim_row(run_id):
+        return 0 if status == "ok" else 1
+    env_info = env_dump(args.device)
+    extra.update(loadavg_end=list(os.getloadavg()), wall_s=round(time.time() - start, 2),
+                 hostname=env_info.get("hostname", ""))
+    row = ResultRow.from_spec(spec, status, time=_now(), error=error, extra=extra,
+                              dtype=spec.dtype, steps=spec.steps, **values,
+                              **env_columns(env_info))
+    append_result(args.results, row, env_info)
+    if status == "ok":
+        print(f"end2end.bench: {spec.label}: {values['thrpt']:.3f} samples/s, step "
+              f"{values['step_time']:.3f} s, {values['per_gpu_mem']:.3f} GB/rank, "
+              f"MFU {values['mfu']:.3f}", flush=True)
+    return 0 if status == "ok" else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")  # a plain one-rank run (DeepSpeed insists on it)
+    args = parse_args(argv)
+    if args.device == "cpu":  # before anything touches CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    return run_bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One-GPU check of the op library and the driver, in under 8 minutes on one NVIDIA GPU:
+#   1. attention kernels (flash / efficient / cudnn / math) vs eager attention, bf16, fwd+bwd:
+#      speed and error (scripts/gpu_attention_check.py -> attention.tsv);
+#   2. single-GPU training, eager HF vs Slapo, bf16: BERT-large and GPT-Neo-1.3B, a few steps
+#      each (end2end/configs/gpu_check.cfg through the sweep and end2end/bench.py -> gpu_check.tsv);
+#   3. a figure of both (scripts/gpu_check_figure.py -> gpu_check.png/.pdf, or .svg without
+#      matplotlib), plus env.txt.
+#
+#   bash scripts/gpu_check.sh [OUTDIR]        # OUTDIR: $OUT if set, else results/gpu_check
+#
+# Uses the python on PATH (or $PYTHON, or .venv when python3 has no torch) with its own torch (>= 2.11) and transformers (>= 5.17);
+# nothing is installed or downloaded: the repository is put on PYTHONPATH. Exits 3 with a message
+# when no GPU is usable.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="${OUT:-${1:-$ROOT/results/gpu_check}}"
+PY="${PYTHON:-python3}"
+if [[ -z "${PYTHON:-}" && -x "$ROOT/.venv/bin/python" ]] && ! python3 -c "import torch" 2>/dev/null
+then PY="$ROOT/.venv/bin/python"; fi  # no torch on PATH: the repository's venv, if any
+fail() { echo "gpu_check.sh: ERROR: $*" >&2; exit 3; }
+command -v "$PY" >/dev/null 2>&1 || fail "no '$PY' interpreter on PATH (set PYTHON=...)"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+why="$("$PY" - 2>&1 <<'PY'
+import sys
+try:
+    import torch
+except Exception as exc:
+    print(f"torch cannot be imported ({type(exc).__name__}: {exc})"); sys.exit(1)
+if not torch.cuda.is_available():
+    print(f"no CUDA GPU is visible (torch {torch.__version__}, CUDA build "
+          f"{torch.version.cuda or 'none'}, CUDA_VISIBLE_DEVICES="
+          f"{__import__('os').environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"); sys.exit(1)
+PY
+)" || fail "${why:-the GPU check failed}; this script needs one NVIDIA GPU (run the CPU suite instead: cd end2end && bash run_all_single_node.sh configs/cpu.cfg)"
+
+"$PY" - <<'PY' || fail "slapo or its dependencies cannot be imported from $ROOT (see above)"
+import torch, transformers, slapo, end2end.bench  # noqa: F401
+def ver(v): return tuple(int(x) for x in v.split("+")[0].split(".")[:2])
+print(f"gpu_check.sh: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+      f"transformers {transformers.__version__}")
+if ver(torch.__version__) < (2, 11) or ver(transformers.__version__) < (5, 17):
+    print("gpu_check.sh: WARNING: tested with torch >= 2.11 and transformers >= 5.17")
+PY
+
+mkdir -p "$OUT"
+start=$(date +%s)
+"$PY" "$ROOT/scripts/env_dump.py" --device cuda > "$OUT/env.txt"
+echo "== 1/3 attention kernels (bf16) =="
+timeout 180 "$PY" "$ROOT/scripts/gpu_attention_check.py" --out "$OUT" \
+  || echo "gpu_check.sh: attention check failed or timed out (exit $?)" >&2
+echo "== 2/3 eager vs slapo training, 1 GPU (bf16) =="
+cd "$ROOT"
+"$PY" -m end2end.sweep end2end/configs/gpu_check.cfg --results "$OUT/gpu_check.tsv" \
+  --device cuda --max-devices 1 --timeout 150 || true
+echo "== 3/3 figure =="
+"$PY" "$ROOT/scripts/gpu_check_figure.py" "$OUT" || true
+"$PY" -m end2end.plot "$OUT/gpu_check.tsv" -o "$OUT/gpu_check-fig7" --title "1 GPU, bf16" \
+  2>/dev/null || true
+echo "gpu_check.sh: done in $(( $(date +%s) - start )) s; outputs in $OUT"
+ls -l "$OUT"
