@@ -123,7 +123,7 @@ def memory_in_subprocess(args: argparse.Namespace, ratio: float) -> int:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", MALLOC_TRIM_THRESHOLD_="65536")
     argv = [sys.executable, __file__, "--memory-only", str(ratio)] + [
         f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-        if k not in ("json", "memory_only") and v is not None]
+        if k not in ("json", "memory_only", "keep_freed_memory") and v is not None]
     out = subprocess.run(argv, env=env, check=True, capture_output=True, text=True).stdout
     return int(out.strip().splitlines()[-1])
 
@@ -138,8 +138,10 @@ def memory_only(args: argparse.Namespace) -> None:
 
 
 def bench(args: argparse.Namespace) -> Dict[str, Any]:
+    import slapo
     from slapo.model_schedule import apply_schedule
 
+    kept = bool(args.keep_freed_memory) and slapo.keep_freed_memory()
     torch.manual_seed(0)
     rate = gemm_rate()
     rows = []
@@ -164,6 +166,7 @@ def bench(args: argparse.Namespace) -> Dict[str, Any]:
     return dict(args=vars(args), gemm_tflops=rate / 1e12, rows=rows, speedup=speedup,
                 activation_bytes={str(k): v for k, v in memory.items()},
                 ckpt_memory_ratio=memory[1.0] / memory[0.0], threads=torch.get_num_threads(),
+                keep_freed_memory=kept,
                 loadavg_before=os.getloadavg(), torch=torch.__version__,
                 machine=platform.processor() or platform.machine())
 
@@ -179,6 +182,9 @@ def main(argv: Any = None) -> None:
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--json", default=None)
+    p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
+                   help="leave glibc's malloc thresholds alone (default: slapo.keep_freed_memory"
+                   "(), for both variants alike)")
     p.add_argument("--memory-only", type=float, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.memory_only is not None:
@@ -187,7 +193,8 @@ def main(argv: Any = None) -> None:
     res = bench(args)
     res["loadavg_before"], res["loadavg_after"] = load, os.getloadavg()
     print(f"GEMM rate: {res['gemm_tflops'] * 1e3:.1f} GFLOP/s ({res['threads']} threads); "
-          f"load average before/after: {load[0]:.2f} / {res['loadavg_after'][0]:.2f}")
+          f"load average before/after: {load[0]:.2f} / {res['loadavg_after'][0]:.2f}; "
+          f"keep_freed_memory: {res['keep_freed_memory']}")
     print(f"{'family':8} {'variant':7} {'step s':>8} {'GFLOP/s':>9} {'of GEMM':>8}")
     for r in res["rows"]:
         print(f"{r['family']:8} {r['variant']:7} {r['step_s']:8.3f} {r['tflops'] * 1e3:9.1f} "

@@ -34,6 +34,7 @@ from .errors import (
 from .history import Deferred, History, HistoryEntry
 from .pattern import Subgraph, call_module
 from .checkpoint_io import load_checkpoint, save_checkpoint
+from .cpu_allocator import keep_freed_memory
 from .init import init_empty_weights, materialize
 from .primitives.registry import Primitive, list_primitives, register_primitive
 from .rng import get_rng_tracker, is_random_seed_set, set_random_seed
@@ -53,7 +54,7 @@ __all__ = [
     "History", "HistoryEntry", "Deferred", "Subgraph", "call_module",
     "checkpoint", "init_empty_weights", "materialize", "save_checkpoint", "load_checkpoint",
     "set_random_seed", "get_rng_tracker", "is_random_seed_set",
-    "sharding", "check_layouts", "reduce_replicated_grads",
+    "sharding", "check_layouts", "reduce_replicated_grads", "keep_freed_memory",
     "SlapoError", "PathError", "PrimitiveError", "RegistryError", "ReplaceError",
     "CheckpointError", "AnnotateError", "ShardError", "SyncError", "TraceError", "PatternError",
     "PipelineError", "BuildError", "InitError", "CheckpointIOError", "VerifyError", "ConfigError",

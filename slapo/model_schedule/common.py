@@ -28,8 +28,8 @@ from .config import ScheduleConfig, checkpoint_layer_ids
 
 __all__ = [
     "TPMode", "backbone", "join", "layer_paths", "disable_kv_cache", "tp_mode",
-    "replace_attention", "replace_mlp", "column_parallel", "row_parallel", "shard_attention",
-    "shard_mlp", "shard_embedding", "shard_lm_head", "sequence_parallel_region",
+    "replace_attention", "replace_mlp", "native_gelu", "sdpa_masks", "column_parallel",
+    "row_parallel", "shard_attention", "shard_mlp", "shard_embedding", "shard_lm_head", "sequence_parallel_region",
     "LayerPlan", "schedule_layers", "checkpoint_layers", "cut_pipeline",
 ]
 
@@ -67,15 +67,31 @@ def layer_paths(sch: Schedule, path: str) -> List[str]:
     return [join(path, name) for name in sch[path].child]
 
 
+def _configs(sch: Schedule, model_config: Any) -> List[Any]:
+    """``model_config`` and every distinct config held by the model's modules (T5's decoder
+    stack has its own copy)."""
+    configs = [model_config] + [getattr(m, "config", None) for m in sch.mod.modules()]
+    return list({id(c): c for c in configs if c is not None}.values())
+
+
 def disable_kv_cache(sch: Schedule, model_config: Any) -> None:
     """Training never uses the KV cache, and checkpointed layers must not append to it twice:
-    set ``use_cache=False`` on ``model_config`` and on every config held by the model's modules
-    (T5's decoder stack has its own copy). ``model(..., use_cache=True)`` still enables it for
-    generation."""
-    configs = [model_config] + [getattr(m, "config", None) for m in sch.mod.modules()]
-    for config in {id(c): c for c in configs if c is not None}.values():
+    set ``use_cache=False`` on every config of the model (:func:`_configs`).
+    ``model(..., use_cache=True)`` still enables it for generation."""
+    for config in _configs(sch, model_config):
         if hasattr(config, "use_cache"):
             config.use_cache = False
+
+
+def sdpa_masks(sch: Schedule, model_config: Any) -> None:
+    """Once every attention of the model is the op library's (SDPA), let HF build SDPA-style
+    masks: ``None`` without padding, so causal layers take the kernels' causal fast path and
+    GPT-Neo's local layers the block-by-block path, instead of an eager ``[B, 1, S, S]`` float
+    mask that must be applied in full (HF's GPT-Neo has no SDPA attention, so its config says
+    ``eager``). Sets ``_attn_implementation = "sdpa"`` on every config of the model."""
+    for config in _configs(sch, model_config):
+        if getattr(config, "_attn_implementation", "sdpa") == "eager":
+            config._attn_implementation = "sdpa"
 
 
 def tp_mode(sch: Schedule, cfg: ScheduleConfig, family: str, *, sp_supported: bool) -> TPMode:
@@ -238,8 +254,9 @@ class LayerPlan:
     output projection (BERT's ``attention.output.dense``); ``column``/``row``: the MLP's
     column-/row-parallel projections; ``grad_entry``: a module whose first input feeds all of
     ``column`` (one gradient all-reduce instead of one per projection); ``mlp``: the MLP module
-    replaced for bias+GeLU fusion; ``norms``: the norms feeding the attention and the MLP
-    (sequence parallelism gathers after them).
+    replaced for bias+GeLU fusion; ``act``: the MLP's activation (a HF GeLU written as Python
+    element-wise ops becomes ``nn.GELU``, :func:`native_gelu`); ``norms``: the norms feeding
+    the attention and the MLP (sequence parallelism gathers after them).
     """
 
     attn: str
@@ -248,7 +265,25 @@ class LayerPlan:
     attn_out: Optional[str] = None
     grad_entry: Optional[str] = None
     mlp: Optional[str] = None
+    act: Optional[str] = None
     norms: Tuple[str, ...] = ()
+
+
+def native_gelu(sch: Schedule, path: str) -> bool:
+    """Replace a HF GeLU written as Python element-wise ops (GPT-2's ``NewGELUActivation`` is
+    ``0.5 * x * (1 + tanh(...))``: six kernels forward, more backward) by ``nn.GELU`` with the
+    same formula (one ATen kernel each way; equal up to float rounding). Returns whether it
+    replaced; other activations, and GeLUs that already are one kernel, are left alone."""
+    import torch.nn.functional as F
+
+    from ..op.mlp import gelu_kind
+
+    mod = sch[path].mod
+    kind = gelu_kind(mod)
+    if kind is None or isinstance(mod, nn.GELU) or getattr(mod, "act", None) is F.gelu:
+        return False
+    sch[path].replace(nn.GELU(approximate=kind))
+    return True
 
 
 def schedule_layers(sch: Schedule, cfg: ScheduleConfig, mode: TPMode, layers: Sequence[str],
@@ -266,6 +301,8 @@ def schedule_layers(sch: Schedule, cfg: ScheduleConfig, mode: TPMode, layers: Se
         if plan.mlp is not None and replace_mlp(sch, join(layer, plan.mlp), cfg, fuse_bias_gelu) \
                 and isinstance(sch[join(layer, plan.mlp)].mod, MLP):
             column, row = [join(layer, plan.mlp, "fc_in")], join(layer, plan.mlp, "fc_out")
+        elif plan.act is not None:
+            native_gelu(sch, join(layer, plan.act))
         if not mode.tp:
             continue
         shard_attention(sch, attn, mode)

@@ -30,8 +30,10 @@ def schedule_gpt_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fam
     p = C.backbone(sch, cfg, "h", ("transformer", ""), family)
     layers = C.layer_paths(sch, C.join(p, "h"))
     plan = C.LayerPlan(attn=attn, column=("mlp.c_fc",), row="mlp.c_proj", mlp="mlp",
-                       norms=("ln_1", "ln_2"))
+                       act="mlp.act", norms=("ln_1", "ln_2"))
     C.schedule_layers(sch, cfg, mode, layers, plan, fuse_bias_gelu=fuse_bias_gelu)
+    if cfg.attn_kernel != "eager":
+        C.sdpa_masks(sch, model_config)
     if mode.tp:
         C.shard_embedding(sch, [C.join(p, "wte")])
         if "lm_head" in sch:

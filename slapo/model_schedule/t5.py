@@ -26,7 +26,7 @@ def _plan(sch: Schedule, block: str, ff: int) -> C.LayerPlan:
     gated = "wi_0" in sch[f"{block}.{mlp}"].child
     column = (f"{mlp}.wi_0", f"{mlp}.wi_1") if gated else (f"{mlp}.wi",)
     return C.LayerPlan(attn="layer.0.SelfAttention", column=column, row=f"{mlp}.wo",
-                       grad_entry=mlp if gated else None)
+                       grad_entry=mlp if gated else None, act=f"{mlp}.act")
 
 
 @register_model_schedule("t5", extra_knobs=("example_inputs",))

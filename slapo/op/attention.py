@@ -17,6 +17,9 @@ Masks. ``attn_mask`` is anything SDPA broadcasts to ``[B, H, Q, K]``: a **bool**
 are aligned to the bottom-right: query ``i`` of ``Q`` sits at absolute position ``K - Q + i``,
 which is what a KV cache needs; for ``Q == K`` this is the usual lower triangle. A local window
 of size ``w`` lets query position ``p`` see keys ``p - w < j <= p`` (GPT-Neo's local layers).
+Local attention over ``S >= 2w`` tokens without a user mask runs block by block (blocks of
+``w`` queries against ``2w`` keys, ``~2Sw`` scores instead of ``S^2``); a window covering every
+key is plain causal attention (the kernels' fast causal path).
 
 Kernels (``backend``). ``"auto"`` lets torch pick (on CPU its CPU flash or math kernel);
 ``"math"``, ``"flash"``, ``"efficient"`` and ``"cudnn"`` force one via
@@ -176,6 +179,11 @@ def attention(
                       f"{q.device}", call=call,
                       hint="use backend='auto' (or 'math') off the GPU")
     q_len, k_len = q.shape[-2], k.shape[-2]
+    if window_size is not None and window_size >= k_len:
+        window_size = None  # the window covers every key: plain causal attention
+    if _use_blocked_local(q_len, k_len, window_size, attn_mask):
+        return _blocked_local_attention(q, k, v, groups, window_size, scale, dropout_p,
+                                        backend, call)
     is_causal = causal and window_size is None and attn_mask is None and q_len == k_len
     struct = None if is_causal else structure_mask(q_len, k_len, causal=causal,
                                                    window_size=window_size, device=q.device)
@@ -188,6 +196,14 @@ def attention(
             kwargs["enable_gqa"] = True
         else:
             k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+    return _sdpa(q, k, v, mask, is_causal, scale, dropout_p, backend, call, **kwargs)
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+          is_causal: bool, scale: Optional[float], dropout_p: float, backend: str, call: str,
+          **kwargs: bool) -> torch.Tensor:
+    """One SDPA call on the requested kernel; a kernel that cannot run the inputs is an
+    :class:`OpError` naming them (never a silent fallback)."""
     try:
         if backend == "auto":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
@@ -210,6 +226,45 @@ def attention(
             hint="use backend='auto', or remove what the kernel does not support (the flash "
             "kernel takes no float mask, and on CPU no dropout)",
         ) from err
+
+
+def _use_blocked_local(q_len: int, k_len: int, window_size: Optional[int],
+                       attn_mask: Optional[torch.Tensor]) -> bool:
+    """Local attention over a sequence of at least two windows, without a user mask (a padding
+    mask would differ per block; those calls take the band-mask path)."""
+    return (window_size is not None and attn_mask is None and q_len == k_len
+            and q_len >= 2 * window_size)
+
+
+def _blocked_local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int,
+                             w: int, scale: Optional[float], dropout_p: float, backend: str,
+                             call: str) -> torch.Tensor:
+    """Causal local attention with window ``w`` computed block by block: the sequence is cut
+    into blocks of ``w`` queries (padded at the end to a multiple of ``w``); block ``c`` attends
+    only to the ``2w`` keys of blocks ``c-1`` and ``c``, under one ``[w, 2w]`` band mask shared
+    by every block, and block 0 is plain causal attention. That is ``~2 S w`` scores instead
+    of the band mask's ``S^2``, with the same result (padded queries are dropped; padded keys
+    lie after every real query, so causality hides them)."""
+    b, h, s, d = q.shape
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+    n = -(-s // w)
+    if n * w != s:
+        q, k, v = (F.pad(t, (0, 0, 0, n * w - s)) for t in (q, k, v))
+    first = _sdpa(q[:, :, :w], k[:, :, :w], v[:, :, :w], None, True, scale, dropout_p,
+                  backend, call)
+
+    def pairs(t: torch.Tensor) -> torch.Tensor:  # [B, H, S, D] -> [B, H*(n-1), 2w, D]
+        blocks = t.view(b, h, n, w, t.shape[-1])
+        return torch.cat([blocks[:, :, :-1], blocks[:, :, 1:]], dim=3).reshape(
+            b, h * (n - 1), 2 * w, t.shape[-1])
+
+    i = torch.arange(w, device=q.device)[:, None]
+    j = torch.arange(2 * w, device=q.device)[None, :]
+    band = (j > i) & (j <= i + w)  # key c*w - w + j is within the window of query c*w + i
+    rest_q = q[:, :, w:].reshape(b, h * (n - 1), w, d)
+    rest = _sdpa(rest_q, pairs(k), pairs(v), band, False, scale, dropout_p, backend, call)
+    out = torch.cat([first, rest.view(b, h, (n - 1) * w, -1)], dim=2)
+    return out[:, :, :s]
 
 
 def attention_reference(

@@ -65,6 +65,13 @@ def kv_cache_update(cache: Any, layer_idx: Optional[int], *, cross: bool = False
     enc_dec = hasattr(cache, "self_attention_cache") and hasattr(cache, "cross_attention_cache")
     current = (cache.cross_attention_cache if cross else cache.self_attention_cache) \
         if enc_dec else cache
+    if getattr(current, "is_compileable", False) and not cross:
+        raise OpError(
+            f"a {type(current).__name__} (pre-allocated, fixed-length KV cache) was passed; "
+            "slapo's attention aligns causal masks to the end of the keys, which is wrong for "
+            "a cache whose unfilled slots come after the tokens", call="attention forward",
+            hint="generate with a DynamicCache (the default: do not pass "
+            "cache_implementation='static')")
     if cross and enc_dec and cache.is_updated.get(layer_idx):
         layer = current.layers[layer_idx]
         return lambda k, v: (layer.keys, layer.values)

@@ -1,6 +1,8 @@
 """slapo.op attention: the core op vs its eager reference, the self-attention layer, the fused-QKV
 layout under a simulated tensor-parallel split, and every HF adapter swapped into a tiny model."""
 
+import sys
+
 import pytest
 import torch
 
@@ -73,6 +75,34 @@ def test_attention_matches_reference(case, backend):
     torch.testing.assert_close(out, ref, **TOL)
     for a, b in zip(grads, ref_grads):
         torch.testing.assert_close(a, b, **TOL)
+
+
+@pytest.mark.parametrize("s,w,hkv", [(12, 4, H), (11, 3, H), (13, 2, 2), (9, 4, 1)])
+@pytest.mark.parametrize("backend", ["auto", "math"])
+def test_local_window_blocked_path_matches_band_reference(s, w, hkv, backend, monkeypatch):
+    """Long sequences without a mask take the block-by-block path (spied, so a dispatch
+    regression fails here); it must equal the full band-mask reference, padding included."""
+    core = sys.modules["slapo.op.attention"]
+
+    calls = []
+    real = core._blocked_local_attention
+    monkeypatch.setattr(core, "_blocked_local_attention",
+                        lambda *a, **kw: calls.append(a[4]) or real(*a, **kw))
+    q, k, v = _qkv(hkv, q_len=s, k_len=s)
+    out = attention(q, k, v, causal=True, window_size=w, backend=backend)
+    assert calls == [w]
+    ref = attention_reference(q, k, v, causal=True, window_size=w)
+    torch.testing.assert_close(out, ref, **TOL)
+    grads = torch.autograd.grad(out.square().sum(), [q, k, v])
+    ref_grads = torch.autograd.grad(ref.square().sum(), [q, k, v])
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, **TOL)
+
+
+def test_window_covering_every_key_is_plain_causal():
+    q, k, v = _qkv()
+    torch.testing.assert_close(attention(q, k, v, causal=True, window_size=S),
+                               attention(q, k, v, causal=True), **TOL)
 
 
 def test_cpu_flash_kernel_when_it_applies():
