@@ -18,7 +18,7 @@
 3. the model is built from the zoo (:mod:`end2end.models`, random weights, no downloads); the
    Slapo modes get their model schedule (:mod:`slapo.model_schedule`: op-library SDPA
    attention, fusion, ``ckpt_ratio`` = CKPT; TP = the world size for ``slapo-megatron`` and
-   ``slapo``, no TP under ZeRO-3 for ``slapo-deepspeed``), and
+   ``slapo``, no TP under ZeRO-3 for ``slapo-deepspeed``; with ``--pp`` also the stage cuts), and
    :func:`end2end.runtimes.make_runner` wraps it in the mode's runtime;
 4. ``warmup`` steps run untimed, then ``steps`` timed steps (:class:`~end2end.measure.StepTimer`:
    device sync + barrier around the window, the slowest rank's time);
@@ -36,6 +36,14 @@ sees it too. ``SLAPO_BENCH_FAULT`` injects faults for tests (:mod:`end2end.measu
 Batches: a data-parallel rank trains on ``B / DP`` samples, tensor-parallel ranks on the same
 batch (DP = n for ``deepspeed``/``slapo-deepspeed``/``eager``, TP = n for the others, see
 ``RunSpec.parallel_sizes``); the batch is synthetic (``make_inputs``) and reused every step.
+
+Pipelines (``--pp P`` > 1; :mod:`end2end.pipeline_plan`): ``slapo`` (torch pipeline dialect) and
+``slapo-deepspeed`` (DeepSpeed ``PipelineModule``) cut the model's layers into ``P`` even stages
+through the recipe's ``pipeline_cuts``/``example_inputs`` knobs; the world is TP x DP x PP
+(``--tp``, default 1), every rank of a replica gets the replica's batch, split into micro-batches
+(``--micro-batch-size``; default ``P`` of them when they divide). Other modes refuse ``--pp`` with
+a ``ConfigError`` (a ``fail`` row) naming what to use instead. Throughput, memory, parameters per
+rank (the rank's stage) and FLOPs are measured exactly as for the other modes.
 """
 
 from __future__ import annotations
@@ -79,6 +87,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="per-rank peak for MFU (skips the in-run GEMM measurement)")
     p.add_argument("--gemm-seconds", type=float, default=0.5,
                    help="duration of the in-run GEMM-rate measurement")
+    p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
+                   help="CPU: leave glibc's malloc thresholds alone (default: "
+                   "slapo.keep_freed_memory(), the same for every mode)")
     return p.parse_args(argv)
 
 
@@ -107,32 +118,36 @@ def _layout(spec) -> Dict[str, int]:
     """TP/PP/DP, this rank's batch and the number of micro-batches; ConfigError if unsupported."""
     from slapo.errors import ConfigError
 
+    from .pipeline_plan import check_pipeline_mode, default_micro_batch
+
     tp, pp, dp = spec.parallel_sizes
-    if pp > 1:
-        raise ConfigError(f"pp={pp}: pipeline parallelism is not supported by the driver yet",
-                          call="end2end.bench", hint="use pp=1 (tensor/data parallelism)")
-    if tp > 1 and spec.framework != "megatron" and not (spec.mode == "slapo" and tp == spec.n):
+    check_pipeline_mode(spec.mode, pp)
+    if tp > 1 and spec.framework != "megatron" and pp == 1 \
+            and not (spec.mode == "slapo" and tp == spec.n):
         raise ConfigError(f"tp={tp} is not available in mode {spec.mode!r}",
                           call="end2end.bench", hint="TP runs under the megatron modes "
-                          "(any tp dividing n) or 'slapo' (tp = n)")
+                          "(any tp dividing n), 'slapo' (tp = n), or a pipeline (--pp > 1) of "
+                          "'slapo'/'slapo-deepspeed' (any tp)")
     if spec.batch_size % dp:
         raise ConfigError(f"global batch {spec.batch_size} is not divisible by the "
                           f"{dp} data-parallel ranks", call="end2end.bench",
                           hint="choose a batch that is a multiple of the DP size")
     local = spec.batch_size // dp
-    micro = spec.micro_batch or local
+    micro = spec.micro_batch or default_micro_batch(local, pp)
     if local % micro:
         raise ConfigError(f"the per-rank batch {local} is not a multiple of micro-batch {micro}",
                           call="end2end.bench")
-    if micro != local and spec.framework != "megatron":
+    if micro != local and spec.framework != "megatron" and pp == 1:
         raise ConfigError("micro-batches (gradient accumulation) are implemented for the "
-                          "megatron modes only", call="end2end.bench",
+                          "megatron modes and pipelines (--pp > 1) only", call="end2end.bench",
                           hint="drop --micro-batch-size")
-    return dict(tp=tp, pp=pp, dp=dp, local_batch=local, microbatches=local // micro)
+    return dict(tp=tp, pp=pp, dp=dp, local_batch=local, micro_batch=micro,
+                microbatches=local // micro)
 
 
 def _make_runner(spec, layout: Dict[str, int], torch_dtype, device):
-    from .models import build_hf_config, build_model, get_model_spec
+    from .models import build_hf_config, build_model, get_model_spec, make_inputs
+    from .pipeline_plan import deepspeed_pipeline_config, pipeline_knobs
     from .runtimes import ModelSchedule, make_runner
 
     model_spec = get_model_spec(spec.model)
@@ -142,14 +157,23 @@ def _make_runner(spec, layout: Dict[str, int], torch_dtype, device):
         target = build_model(model_spec, seed=0, device=device)
     schedule = None
     if spec.is_slapo:
-        schedule = ModelSchedule(model_spec.schedule, dict(ckpt_ratio=spec.ckpt_ratio or 0.0))
+        knobs: Dict[str, Any] = dict(ckpt_ratio=spec.ckpt_ratio or 0.0)
+        if layout["pp"] > 1:  # even stages, traced with one micro-batch of the run's shapes
+            example = make_inputs(model_spec, layout["micro_batch"], spec.seq_len,
+                                  spec.dec_seq_len, device=device, dtype=torch_dtype)
+            knobs.update(pipeline_knobs(model_spec, layout["pp"], example))
+        schedule = ModelSchedule(model_spec.schedule, knobs)
     ckpt = spec.ckpt if spec.mode == "megatron" else spec.ckpt != "0"
-    ds_config = {"train_micro_batch_size_per_gpu": layout["local_batch"],
-                 "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
-                 "zero_optimization": {"stage": 3}}
+    if layout["pp"] > 1:
+        ds_config = deepspeed_pipeline_config(layout["micro_batch"], layout["microbatches"])
+    else:
+        ds_config = {"train_micro_batch_size_per_gpu": layout["local_batch"],
+                     "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+                     "zero_optimization": {"stage": 3}}
     return make_runner(spec.mode, target, schedule=schedule, ckpt=ckpt,
                        deepspeed_config=ds_config, num_microbatches=layout["microbatches"],
-                       seed=0, dtype=torch_dtype, tensor_parallel=layout["tp"])
+                       seed=0, dtype=torch_dtype, tensor_parallel=layout["tp"],
+                       pipeline_parallel=layout["pp"])
 
 
 def _claim_row(run_id: int) -> bool:
@@ -182,6 +206,10 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
 
     env = init_distributed()
     torch_dtype = getattr(torch, _DTYPES[spec.dtype])
+    if env.device.type == "cpu" and args.keep_freed_memory:
+        import slapo
+
+        extra["keep_freed_memory"] = slapo.keep_freed_memory()
     _import_runtime(spec.mode)
     memory = PeakMemory(env.device)
     memory.mark_baseline()
@@ -197,8 +225,8 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
         peak = all_reduce_float(max(rates), "avg")
     runner = _make_runner(spec, layout, torch_dtype if spec.dtype != "fp32" else None,
                           env.device)
-    dp_rank = env.rank // layout["tp"]
-    gen = torch.Generator().manual_seed(1000 + dp_rank)
+    replica = (env.rank // layout["tp"]) % layout["dp"]  # TP fastest, then DP (then PP)
+    gen = torch.Generator().manual_seed(1000 + replica)
     batch = make_inputs(get_model_spec(spec.model), layout["local_batch"], spec.seq_len,
                         spec.dec_seq_len, generator=gen, device=env.device,
                         dtype=torch_dtype if spec.dtype != "fp32" else None)
@@ -219,8 +247,8 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
     extra.update(losses=[round(x, 5) for x in losses], step_times=[round(t, 5) for t in
                  timer.step_times], memory_method=memory.method,
                  train_flops_per_sample=flops, local_batch=layout["local_batch"],
-                 microbatches=layout["microbatches"], warmup=spec.warmup,
-                 threads=torch.get_num_threads())
+                 microbatches=layout["microbatches"], micro_batch=layout["micro_batch"],
+                 warmup=spec.warmup, threads=torch.get_num_threads())
     if not all(map(lambda x: x == x and abs(x) != float("inf"), losses)):
         raise FloatingPointError(f"non-finite loss: {losses}")
     return dict(thrpt=thrpt, per_gpu_param=params / 1e6, per_gpu_mem=mem / 1e9,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import shlex
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -37,15 +37,16 @@ from slapo.errors import ConfigError, SlapoError
 
 from .expr import check_expression, evaluate_batch_size
 from .models import get_model_spec
+from .runspec import (MODES, SLAPO_MODES, ConfigLine, RunSpec, default_parallel_sizes,
+                      format_ratio, run_key)
 
 __all__ = [
     "MODES", "SLAPO_MODES", "ConfigLineError", "ConfigWarning", "ConfigLine", "RunSpec",
     "parse_config", "parse_lines", "expand", "load_runs", "format_ratio", "run_key",
+    "default_parallel_sizes",
     "make_run_spec", "with_options",
 ]
 
-MODES = ("megatron", "slapo-megatron", "deepspeed", "slapo-deepspeed", "eager", "slapo")
-SLAPO_MODES = ("slapo", "slapo-megatron", "slapo-deepspeed")
 FIELDS = "MODE MODEL GPUS SEQ_LEN DEC_SEQ_LEN BATCH_SIZE CKPT"
 OPTION_KEYS = ("steps", "warmup", "dtype", "tp", "pp", "micro_batch")
 DTYPES = ("fp32", "fp16", "bf16")
@@ -61,114 +62,6 @@ class ConfigLineError(ConfigError):
 
 class ConfigWarning(UserWarning):
     """A config line was accepted with a reinterpretation (e.g. megatron CKPT 1 -> full)."""
-
-
-def format_ratio(ratio: float) -> str:
-    """Canonical text of a checkpoint ratio: ``0``, ``0.25``, ``1`` (used in keys and rows)."""
-    return f"{float(ratio):g}"
-
-
-def run_key(mode: str, model: str, seq_len: int, dec_seq_len: int, n: int, batch_size: int,
-            ckpt: str) -> Tuple[str, str, int, int, int, int, str]:
-    """The identity of a run, in results-column order (Impl Model Seq DecSeq nGPU Batch Ckpt)."""
-    return (mode, model, int(seq_len), int(dec_seq_len), int(n), int(batch_size), str(ckpt))
-
-
-@dataclass(frozen=True)
-class ConfigLine:
-    """One parsed (not yet expanded) config line."""
-
-    mode: str
-    model: str
-    gpus: Union[Tuple[int, ...], str]  # explicit counts or "pow2"
-    seq_len: int
-    dec_seq_len: int
-    batch_expr: str
-    ckpt: str
-    source: str
-    options: Tuple[Tuple[str, object], ...] = ()
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One benchmark run: a config line at one GPU/rank count ``n``.
-
-    ``key`` (mode, model, seq, dec, n, batch, ckpt) identifies the run in a results file; it does
-    not include ``source`` or the run options, so moving a line or changing ``steps`` keeps it.
-    """
-
-    mode: str
-    model: str
-    n: int
-    seq_len: int
-    dec_seq_len: int
-    batch_size: int
-    ckpt: str
-    batch_expr: str = field(default="", compare=False)
-    source: str = field(default="", compare=False)
-    steps: Optional[int] = field(default=None, compare=False)
-    warmup: Optional[int] = field(default=None, compare=False)
-    dtype: Optional[str] = field(default=None, compare=False)
-    tp: Optional[int] = field(default=None, compare=False)
-    pp: Optional[int] = field(default=None, compare=False)
-    micro_batch: Optional[int] = field(default=None, compare=False)
-
-    @property
-    def key(self) -> Tuple[str, str, int, int, int, int, str]:
-        return run_key(self.mode, self.model, self.seq_len, self.dec_seq_len, self.n,
-                       self.batch_size, self.ckpt)
-
-    @property
-    def framework(self) -> str:
-        """``megatron``, ``deepspeed`` or ``torch`` (eager / slapo on plain PyTorch)."""
-        if self.mode.endswith("megatron"):
-            return "megatron"
-        if self.mode.endswith("deepspeed"):
-            return "deepspeed"
-        return "torch"
-
-    @property
-    def is_slapo(self) -> bool:
-        return self.mode in SLAPO_MODES
-
-    @property
-    def ckpt_ratio(self) -> Optional[float]:
-        """Fraction of layers to checkpoint (``full`` = 1.0); None for Megatron ``selective``."""
-        if self.ckpt == "selective":
-            return None
-        return 1.0 if self.ckpt == "full" else float(self.ckpt)
-
-    @property
-    def recompute_granularity(self) -> Optional[str]:
-        """Megatron's ``--recompute-granularity`` (``full``/``selective``) or None."""
-        return self.ckpt if self.ckpt in ("full", "selective") else None
-
-    @property
-    def parallel_sizes(self) -> Tuple[int, int, int]:
-        """Default (TP, PP, DP) as in the artifact: Megatron modes and ``slapo`` shard over all
-        ranks (TP = n); DeepSpeed modes (ZeRO-3) and ``eager`` are data parallel (DP = n)."""
-        if self.tp or self.pp:
-            tp, pp = self.tp or 1, self.pp or 1
-            return (tp, pp, max(1, self.n // (tp * pp)))
-        if self.framework == "megatron" or self.mode == "slapo":
-            return (self.n, 1, 1)
-        return (1, 1, self.n)
-
-    @property
-    def label(self) -> str:
-        return f"{self.mode} {self.model} n={self.n} bs={self.batch_size} ckpt={self.ckpt}"
-
-    def cli_args(self) -> List[str]:
-        """Arguments of ``python -m end2end.bench`` for this run (without ``--results``)."""
-        args = ["--mode", self.mode, "--model", self.model, "--seq-len", str(self.seq_len),
-                "--dec-seq-len", str(self.dec_seq_len), "--batch-size", str(self.batch_size),
-                "--ckpt", self.ckpt]
-        for name, value in (("--steps", self.steps), ("--warmup", self.warmup),
-                            ("--dtype", self.dtype), ("--tp", self.tp), ("--pp", self.pp),
-                            ("--micro-batch-size", self.micro_batch)):
-            if value is not None:
-                args += [name, str(value)]
-        return args
 
 
 def _parse_ckpt(mode: str, text: str, source: str, strict: bool) -> str:

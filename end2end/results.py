@@ -99,9 +99,9 @@ class ResultRow:
         return cls(**base)
 
     @property
-    def key(self) -> Tuple[str, str, int, int, int, int, str]:
+    def key(self) -> Tuple:
         return run_key(self.impl, self.model, self.seq, self.dec_seq, self.ngpu, self.batch,
-                       _canonical_ckpt(self.ckpt))
+                       _canonical_ckpt(self.ckpt), self.tp, self.pp)
 
     def validate(self) -> None:
         if self.status not in STATUSES:
@@ -301,7 +301,8 @@ def _check_twin(twin: Path, rows: List[ResultRow]) -> List[str]:
             continue
         if rec.get("type") == "row":
             keys.append(run_key(rec["Impl"], rec["Model"], rec["Seq"], rec["DecSeq"],
-                                rec["nGPU"], rec["Batch"], _canonical_ckpt(rec["Ckpt"])))
+                                rec["nGPU"], rec["Batch"], _canonical_ckpt(rec["Ckpt"]),
+                                rec.get("TP"), rec.get("PP")))
     if keys != [r.key for r in rows]:
         problems.append(f"{twin}: {len(keys)} rows do not match the {len(rows)} rows of the TSV "
                         "(a run was interrupted between the two writes?)")

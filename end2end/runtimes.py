@@ -19,6 +19,15 @@
                      on several ranks the schedule shards it (TP = world size)
 ===================  ==========================================================================
 
+**Pipelines** (``pipeline_parallel`` > 1, modes ``slapo`` and ``slapo-deepspeed`` only): the
+schedule must cut the model into that many stages (the driver passes the recipe's
+``pipeline_cuts``/``example_inputs`` knobs, see :mod:`end2end.pipeline_plan`); its group is this
+rank's block of ``tensor_parallel`` consecutive ranks (one-rank groups for TP 1), and the build
+lays the world out as TP x DP x PP. ``slapo`` trains with the torch pipeline dialect
+(``PipelineModel.train_step``, ``num_microbatches`` micro-batches, GPipe), ``slapo-deepspeed``
+with DeepSpeed's ``PipelineEngine.train_batch`` (the DeepSpeed config gives the micro-batches;
+ZeRO stage 0/1).
+
 Every mode uses the same optimizer (default AdamW, lr 1.5e-4, as the artifact's Megatron runs).
 Schedules (kernels, sharding, checkpointing) come from ``schedule``: a callable ``fn(sch)``, or a
 :class:`ModelSchedule` naming a recipe of :mod:`slapo.model_schedule` and its knobs (the
@@ -147,14 +156,27 @@ def _torch_step(model: nn.Module, opt: torch.optim.Optimizer,
     return step
 
 
-def _schedule_group(mode: str, world_size: int, tp: int) -> Any:
+def _deepspeed_pipeline_step(engine: Any) -> Callable[[Batch], float]:
+    """One ``train_batch`` of a DeepSpeed pipeline engine; the loss is DeepSpeed's (averaged
+    over micro-batches and data-parallel replicas, broadcast over the pipeline)."""
+    from slapo.dialects.deepspeed_pipeline import pipeline_items
+
+    def step(batch: Batch) -> float:
+        return float(engine.train_batch(pipeline_items(engine, batch)))
+
+    return step
+
+
+def _schedule_group(mode: str, world_size: int, tp: int, pp: int = 1) -> Any:
     """The tensor-parallel group a Slapo mode's schedule shards over (None = the world)."""
     if mode == "slapo-megatron":
         from slapo.dialects.megatron import initialize_megatron
 
         return initialize_megatron(tp)
-    if mode == "slapo-deepspeed" and world_size > 1:  # ZeRO-3 without TP: one rank per group
-        group, _ = dist.new_subgroups(group_size=1)
+    if (pp > 1 or mode == "slapo-deepspeed") and world_size > 1:
+        # pipelines: this rank's block of tp consecutive ranks (slapo.dialects.layout);
+        # ZeRO-3 without TP: one rank per group
+        group, _ = dist.new_subgroups(group_size=tp if pp > 1 else 1)
         return group
     return None
 
@@ -171,6 +193,7 @@ def make_runner(
     seed: int = 0,
     dtype: Optional[torch.dtype] = None,
     tensor_parallel: Optional[int] = None,
+    pipeline_parallel: int = 1,
 ) -> Runner:
     """Build ``mode``'s model on this rank (see the module docstring).
 
@@ -190,13 +213,23 @@ def make_runner(
             ``fp16``/``bf16`` config section (mixed precision, fp32 master weights in ZeRO);
             the other modes train the model cast to ``dtype`` (pure low precision).
         tensor_parallel: TP size of the ``*megatron`` modes (default: the world size; the rest
-            of the ranks are data parallel).
+            of the ranks are data parallel), and of pipelines.
+        pipeline_parallel: number of pipeline stages (``slapo``/``slapo-deepspeed``; the
+            schedule must cut that many stages, see the module docstring).
+
+    Raises:
+        ConfigError: an unknown mode; pipeline stages in another mode, or a schedule that does
+            not cut the model into ``pipeline_parallel`` stages.
     """
     if mode not in MODES:
         raise ConfigError(f"unknown mode {mode!r}", call="make_runner",
                           hint=f"use one of {', '.join(MODES)}")
+    if pipeline_parallel > 1 and mode not in ("slapo", "slapo-deepspeed"):
+        raise ConfigError(f"mode {mode!r} cannot run {pipeline_parallel} pipeline stages",
+                          call="make_runner", hint="pipelines run in modes 'slapo' and "
+                          "'slapo-deepspeed'; see end2end.pipeline_plan")
     env = init_distributed()
-    tp = tensor_parallel or env.world_size
+    tp = tensor_parallel or (env.world_size // pipeline_parallel)
     if mode == "megatron":
         from slapo.dialects.megatron import MegatronRuntime
 
@@ -215,7 +248,8 @@ def make_runner(
         runtime = MegatronRuntime(model, opt, megatron_loss_fn(config), num_microbatches)
         return Runner(mode, model, opt, runtime.train_step)
 
-    group = _schedule_group(mode, env.world_size, tp) if mode.startswith("slapo") else None
+    group = (_schedule_group(mode, env.world_size, tp, pipeline_parallel)
+             if mode.startswith("slapo") else None)
     model = model_or_config
     if not isinstance(model, nn.Module):
         model = hf_model_from_config(_config_of(model_or_config), seed)
@@ -230,6 +264,9 @@ def make_runner(
         sch = slapo.create_schedule(model, group=group)
         if schedule is not None and mode.startswith("slapo"):
             schedule(sch)
+    if pipeline_parallel > 1:
+        return _pipeline_runner(mode, sch, pipeline_parallel, optimizer, num_microbatches,
+                                deepspeed_config, dtype)
     if mode == "slapo-megatron":
         runtime, opt = slapo.build(sch, target="megatron", optimizer=optimizer,
                                    num_microbatches=num_microbatches)
@@ -248,3 +285,26 @@ def make_runner(
         ds_config["bf16" if dtype == torch.bfloat16 else "fp16"] = {"enabled": True}
     engine, opt = slapo.build(sch, target="deepspeed", optimizer=optimizer, config=ds_config)
     return Runner(mode, engine, opt, _deepspeed_step(engine))
+
+
+def _pipeline_runner(mode: str, sch: slapo.Schedule, stages: int, optimizer: Callable,
+                     num_microbatches: int, deepspeed_config: Optional[Dict[str, Any]],
+                     dtype: Optional[torch.dtype]) -> Runner:
+    """The pipelined ``slapo`` / ``slapo-deepspeed`` runner (see the module docstring)."""
+    from slapo.pipeline import CUTS_KEY
+
+    cuts = list(sch.metadata.get(CUTS_KEY) or [])
+    if len(cuts) + 1 != stages:
+        raise ConfigError(f"pipeline_parallel={stages} but the schedule cuts "
+                          f"{len(cuts) + 1} stage(s) (cuts after {cuts})", call="make_runner",
+                          hint=f"cut_pipeline_stage() after {stages - 1} layer(s), e.g. the "
+                          "recipe's knob pipeline_cuts=end2end.pipeline_plan.stage_cuts(...)")
+    if mode == "slapo":
+        model, opt = slapo.build(sch, target="torch", optimizer=optimizer,
+                                 n_microbatches=num_microbatches)
+        return Runner(mode, model, opt, model.train_step)
+    config = dict(deepspeed_config or {})
+    if dtype is not None and dtype != torch.float32:
+        config["bf16" if dtype == torch.bfloat16 else "fp16"] = {"enabled": True}
+    engine, opt = slapo.build(sch, target="deepspeed", optimizer=optimizer, config=config)
+    return Runner(mode, engine, opt, _deepspeed_pipeline_step(engine))

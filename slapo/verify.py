@@ -15,14 +15,16 @@ weights are broadcast from the group's first rank). Sharded outputs, parameters 
 gathered (from their ``ShardSpec``, or for activations from the one dimension that is
 ``world_size`` times smaller) and compared with the original's. ``dtype=torch.float64`` removes
 float noise: a mismatch there is a real bug. On a mismatch the report names the first module, in
-execution order, whose output differs.
+execution order, whose output differs. Parameters a replacement renamed or re-laid (HF ``query``
+-> a fused ``qkv_proj``, GPT-2's Conv1D ``c_attn`` ...) are compared through the provenance
+records the replacement carries (:mod:`slapo.provenance`): the full new tensors are mapped back
+to the original layout, for values, gradients and parameters after steps.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -32,8 +34,9 @@ from .errors import VerifyError
 from .schedule import Schedule
 from .sharding.spec import get_shard_spec
 from .testing.compare import outputs_of
-from .verify_rules import Problem, check_schedule
+from .verify_rules import check_schedule
 from .verify_tools import (
+    DerivedParams,
     Difference,
     OutputRecorder,
     compare,
@@ -41,59 +44,10 @@ from .verify_tools import (
     first_difference,
     first_tensor,
     to_full,
+    VerifyReport,
 )
 
 __all__ = ["verify", "Verify", "VerifyReport"]
-
-
-@dataclasses.dataclass
-class VerifyReport:
-    """What ``verify`` compared and what differed (on this rank)."""
-
-    rank: int = 0
-    outputs: Dict[str, Difference] = dataclasses.field(default_factory=dict)
-    grads: Dict[str, Difference] = dataclasses.field(default_factory=dict)
-    params_after_step: Dict[str, Difference] = dataclasses.field(default_factory=dict)
-    first_divergence: Optional[Tuple[str, Difference]] = None
-    first_grad_divergence: Optional[Tuple[str, Difference]] = None
-    error: Optional[Tuple[str, str]] = None  # (module path, exception) raised by the schedule
-    problems: List[Problem] = dataclasses.field(default_factory=list)
-    unmatched: List[str] = dataclasses.field(default_factory=list)
-    ok: bool = True
-
-    def failures(self) -> List[str]:
-        out = [f"rule: {p}" for p in self.problems]
-        if self.error is not None:
-            out.append(f"the scheduled model raised in '{self.error[0]}': {self.error[1]}")
-        out += [f"output '{k}' differs ({d})" for k, d in self.outputs.items() if not d.ok]
-        bad = [(k, d) for k, d in self.grads.items() if not d.ok]
-        if bad:
-            shown = "; ".join(f"'{k}' ({d})" for k, d in bad[:4])
-            out.append(f"gradients of {len(bad)} parameter(s) differ: {shown}"
-                       + (" ..." if len(bad) > 4 else ""))
-        bad = [(k, d) for k, d in self.params_after_step.items() if not d.ok]
-        if bad:
-            out.append(f"{len(bad)} parameter(s) differ after optimizer steps, first "
-                       f"'{bad[0][0]}' ({bad[0][1]})")
-        return out
-
-    def __str__(self) -> str:
-        head = f"rank {self.rank}: " + ("verification passed" if self.ok else "verification failed")
-        lines = [head, f"  compared {len(self.outputs)} outputs, {len(self.grads)} gradients, "
-                       f"{len(self.params_after_step)} parameters after steps"]
-        lines += [f"  {f}" for f in self.failures()]
-        if self.first_divergence is not None:
-            path, d = self.first_divergence
-            lines.append(f"  first divergence at '{path}' ({d})")
-        if self.first_grad_divergence is not None:
-            path, d = self.first_grad_divergence
-            lines.append(f"  first divergence in backward: gradient of the output of '{path}' "
-                         f"({d})")
-        if self.unmatched:
-            lines.append(f"  not compared (no parameter of that name after scheduling): "
-                         f"{', '.join(self.unmatched[:6])}" + (" ..." if len(self.unmatched) > 6
-                                                               else ""))
-        return "\n".join(lines)
 
 
 def _src_rank(group) -> int:
@@ -184,7 +138,11 @@ def verify(
         reference: the original, unscheduled model; defaults to the copy kept by
             ``create_schedule(model, keep_original=True)`` or by a ``Verify`` block. It is
             copied, never modified.
-        check_grads: also compare the gradient of every original parameter.
+        check_grads: also compare the gradient of every original parameter, including those
+            the schedule renamed or re-laid (a fused ``qkv_proj``, GPT-2's ``c_attn`` ...),
+            rebuilt in the original layout from the provenance records of the replacement
+            modules (:mod:`slapo.provenance`); originals with neither a same-named parameter
+            nor a record are listed in ``report.unmatched``.
         dtype: run both models in this dtype (``torch.float64`` removes float noise).
         rtol, atol: tolerances (default by dtype: see ``verify_tools.default_tolerances``).
         steps: with ``steps > 1``, take that many SGD(``lr``) steps and compare parameters too.
@@ -197,7 +155,8 @@ def verify(
         load_weights: load the original's weights (broadcast from the group's first rank) into
             the scheduled parameters of the same name, each rank taking its shard, so that both
             models start from identical weights even if the ranks initialised differently.
-            Parameters without a same-named original (e.g. a fused q/k/v) keep their values.
+            Parameters without a same-named original (e.g. a fused q/k/v) keep their values;
+            those with a provenance record have them compared with the original's instead.
         raise_on_mismatch: raise :class:`VerifyError` (else just return the report).
 
     The scheduled model's weights, gradients, dtypes and mode are restored afterwards.
@@ -275,8 +234,12 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
     ref_model.train(not eval_mode)
     model.train(not eval_mode)
     sch_params = dict(model.named_parameters())
-    report = VerifyReport()
-    report.unmatched = [n for n, _ in ref_model.named_parameters() if n not in sch_params]
+    ref_params = dict(ref_model.named_parameters())
+    derived = DerivedParams(model, ref_params, sch_params)
+    report = VerifyReport(derived=derived.held_as())
+    report.unmatched = [n for n in ref_params if n not in sch_params and n not in derived.sources]
+    for name, value in derived.rebuild(group, grad=False).items():
+        report.derived_values[name] = compare(value, ref_params[name].data, rtol, atol)
     opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in (ref_model, model)]
     for step in range(steps):
         recorders = [OutputRecorder(m) for m in (ref_model, model)] if localize and step == 0 \
@@ -311,23 +274,24 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
             report.first_grad_divergence = first_difference(
                 recorders[0].grad_records, recorders[1].grad_records, group, rtol, atol)
         if check_grads and step == 0:
-            for name, p in ref_model.named_parameters():
+            rebuilt = derived.rebuild(group, grad=True)
+            for name, p in ref_params.items():
                 q = sch_params.get(name)
-                if p.grad is None or q is None:
+                if p.grad is None or (q is None and name not in rebuilt):
                     continue
-                if q.grad is None:
-                    report.grads[name] = Difference(float("inf"), float("inf"), False, "no grad")
-                    continue
-                report.grads[name] = compare(to_full(q.grad, group, p.grad, param=q), p.grad,
-                                             rtol, atol)
+                got = rebuilt[name] if q is None else (
+                    None if q.grad is None else to_full(q.grad, group, p.grad, param=q))
+                report.grads[name] = (compare(got, p.grad, rtol, atol) if got is not None else
+                                      Difference(float("inf"), float("inf"), False, "no grad"))
         if steps > 1:
             for o in opts:
                 o.step()
-            for name, p in ref_model.named_parameters():
+            rebuilt = derived.rebuild(group, grad=False)
+            for name, p in ref_params.items():
                 q = sch_params.get(name)
-                if q is not None:
-                    report.params_after_step[name] = compare(
-                        to_full(q.data, group, p.data, param=q), p.data, rtol, atol)
+                if q is not None or name in rebuilt:
+                    got = rebuilt[name] if q is None else to_full(q.data, group, p.data, param=q)
+                    report.params_after_step[name] = compare(got, p.data, rtol, atol)
     if recorders is not None:
         for r in recorders:
             r.remove()

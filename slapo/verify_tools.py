@@ -1,5 +1,6 @@
-"""Building blocks of numerical verification: tolerances, tensor comparison, gathering shards,
-and recording every module's output to find the first divergence."""
+"""Building blocks of numerical verification: the report, tolerances, tensor comparison,
+gathering shards, original parameters held under other names (:class:`DerivedParams`), and
+recording every module's output to find the first divergence."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .provenance import Source, derived_parameters
+from .sharding.layout import LayoutProblem
 from .sharding.spec import get_shard_spec
 
 __all__ = [
+    "VerifyReport",
+    "DerivedParams",
     "default_tolerances",
     "Difference",
     "compare",
@@ -55,6 +60,71 @@ class Difference:
         return f"max abs {self.max_abs:.2e}, max rel {self.max_rel:.2e}"
 
 
+@dataclasses.dataclass
+class VerifyReport:
+    """What ``verify`` compared and what differed (on this rank)."""
+
+    rank: int = 0
+    outputs: Dict[str, Difference] = dataclasses.field(default_factory=dict)
+    grads: Dict[str, Difference] = dataclasses.field(default_factory=dict)
+    params_after_step: Dict[str, Difference] = dataclasses.field(default_factory=dict)
+    first_divergence: Optional[Tuple[str, Difference]] = None
+    first_grad_divergence: Optional[Tuple[str, Difference]] = None
+    error: Optional[Tuple[str, str]] = None  # (module path, exception) raised by the schedule
+    problems: List[LayoutProblem] = dataclasses.field(default_factory=list)
+    unmatched: List[str] = dataclasses.field(default_factory=list)
+    derived: Dict[str, str] = dataclasses.field(default_factory=dict)
+    derived_values: Dict[str, Difference] = dataclasses.field(default_factory=dict)
+    ok: bool = True
+
+    def _named(self, name: str) -> str:
+        via = self.derived.get(name)
+        return f"'{name}'" + (f" (held as {via})" if via else "")
+
+    def failures(self) -> List[str]:
+        out = [f"rule: {p}" for p in self.problems]
+        if self.error is not None:
+            out.append(f"the scheduled model raised in '{self.error[0]}': {self.error[1]}")
+        out += [f"output '{k}' differs ({d})" for k, d in self.outputs.items() if not d.ok]
+        bad = [(k, d) for k, d in self.derived_values.items() if not d.ok]
+        if bad:
+            shown = "; ".join(f"{self._named(k)}: {d}" for k, d in bad[:4])
+            out.append(f"values of {len(bad)} renamed parameter(s) differ from the original's "
+                       f"(before the run): {shown}" + (" ..." if len(bad) > 4 else ""))
+        bad = [(k, d) for k, d in self.grads.items() if not d.ok]
+        if bad:
+            shown = "; ".join(f"{self._named(k)} ({d})" for k, d in bad[:4])
+            out.append(f"gradients of {len(bad)} parameter(s) differ: {shown}"
+                       + (" ..." if len(bad) > 4 else ""))
+        bad = [(k, d) for k, d in self.params_after_step.items() if not d.ok]
+        if bad:
+            out.append(f"{len(bad)} parameter(s) differ after optimizer steps, first "
+                       f"{self._named(bad[0][0])} ({bad[0][1]})")
+        return out
+
+    def __str__(self) -> str:
+        head = f"rank {self.rank}: " + ("verification passed" if self.ok else "verification failed")
+        lines = [head, f"  compared {len(self.outputs)} outputs, {len(self.grads)} gradients, "
+                       f"{len(self.params_after_step)} parameters after steps"]
+        if self.derived:
+            lines.append(f"  ({len(self.derived)} original parameters renamed or re-laid by the "
+                         "schedule compared through their provenance records)")
+        lines += [f"  {f}" for f in self.failures()]
+        if self.first_divergence is not None:
+            path, d = self.first_divergence
+            lines.append(f"  first divergence at '{path}' ({d})")
+        if self.first_grad_divergence is not None:
+            path, d = self.first_grad_divergence
+            lines.append(f"  first divergence in backward: gradient of the output of '{path}' "
+                         f"({d})")
+        if self.unmatched:
+            lines.append(f"  not compared (no parameter of that name, nor a provenance record, "
+                         f"after scheduling): "
+                         f"{', '.join(self.unmatched[:6])}" + (" ..." if len(self.unmatched) > 6
+                                                               else ""))
+        return "\n".join(lines)
+
+
 def compare(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> Difference:
     """Compare two tensors (shapes must agree; a shape mismatch is a difference)."""
     if tuple(actual.shape) != tuple(expected.shape):
@@ -77,6 +147,42 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: flo
     max_rel = (diff / b.abs().clamp_min(1e-12)).max().item()
     ok = bool((diff <= atol + rtol * b.abs()).all())
     return Difference(max_abs, max_rel, ok)
+
+
+class DerivedParams:
+    """Original parameters that the scheduled model holds under other names or in another
+    layout, rebuilt from the provenance records of its modules (:mod:`slapo.provenance`).
+
+    Only names of ``reference_names`` that the scheduled model lacks are taken (a same-named
+    parameter always wins). :meth:`rebuild` gathers the full tensors of the new parameters
+    (each once) and applies the records; every rank must make the same calls.
+    """
+
+    def __init__(self, model: nn.Module, reference_names, params: Dict[str, torch.Tensor]):
+        names = set(reference_names)
+        self.params = params
+        self.sources: Dict[str, Source] = {
+            n: s for n, s in sorted(derived_parameters(model).items())
+            if n in names and n not in params}
+
+    def held_as(self) -> Dict[str, str]:
+        """``{original name: "new name(s)"}`` for the report."""
+        return {n: ", ".join(f"'{p}'" for p in s.params) for n, s in self.sources.items()}
+
+    def rebuild(self, group: Optional[dist.ProcessGroup],
+                grad: bool) -> Dict[str, Optional[torch.Tensor]]:
+        """``{original name: tensor in the original layout}`` of the current values (or, with
+        ``grad``, gradients; ``None`` when a new parameter has no gradient)."""
+        full: Dict[str, Optional[torch.Tensor]] = {}
+        for name in sorted({p for s in self.sources.values() for p in s.params}):
+            q = self.params[name]
+            t = q.grad if grad else q.data
+            full[name] = None if t is None else to_full(t.detach(), group, t, param=q)
+        out: Dict[str, Optional[torch.Tensor]] = {}
+        for name, src in self.sources.items():
+            tensors = [full[p] for p in src.params]
+            out[name] = None if any(t is None for t in tensors) else src(*tensors)
+        return out
 
 
 def gather_chunks(local: torch.Tensor, group: Optional[dist.ProcessGroup]) -> List[torch.Tensor]:

@@ -2,7 +2,10 @@
 
 Attention (``attention``, ``AttentionOp``, ``SelfAttention``, HF adapters via
 ``attention_from_hf``), fused element-wise ops (``bias_gelu``, ``bias_dropout_residual`` ...),
-MLPs (``MLP``, ``GatedMLP``, ``mlp_from_hf``). Used with ``sch[path].replace(...)``.
+MLPs (``MLP``, ``GatedMLP``, ``mlp_from_hf``), conv+BatchNorm folding for inference
+(``fuse_conv_bn``, ``fuse_conv_bn_split``, ``ChannelBias``). Used with ``sch[path].replace(...)``.
+Builders from HF modules record the parameter provenance ``slapo.verify`` uses
+(:mod:`slapo.provenance`).
 """
 
 from .attention import (
@@ -13,6 +16,7 @@ from .attention import (
     padding_mask,
     repeat_kv,
 )
+from .conv_bn import ChannelBias, fold_conv_bn, fuse_conv_bn, fuse_conv_bn_split
 from .fused import (
     FusedBiasDropoutResidual,
     FusedBiasGeLU,
@@ -47,4 +51,5 @@ __all__ = [
     "bias_dropout_residual_layer_norm_reference", "FusedBiasGeLU", "FusedBiasDropoutResidual",
     "LinearBiasGeLU",
     "MLP", "GatedMLP", "DenseActivation", "mlp_from_hf",
+    "fuse_conv_bn", "fuse_conv_bn_split", "fold_conv_bn", "ChannelBias",
 ]

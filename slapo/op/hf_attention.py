@@ -26,8 +26,9 @@ Adapters, by family (N = layer index) — the path to replace, then the adapter 
 
 Parameter names change (``query`` / ``c_attn`` / ``o_proj`` ... become ``q_proj``, ``k_proj``,
 ``v_proj`` or ``qkv_proj``, and ``out_proj``); :func:`~slapo.op.self_attention.split_qkv` maps a
-fused weight or gradient back. KV caches passed by HF (``cache`` / ``layer_past``) are updated as
-HF does. ``output_attentions=True`` cannot be honoured by SDPA; the weights slot is ``None``.
+fused weight or gradient back, and every adapter records that mapping on the new module
+(:mod:`slapo.provenance`), so ``slapo.verify`` compares them with the HF parameters. KV caches
+passed by HF (``cache`` / ``layer_past``) are updated as HF does. ``output_attentions=True`` cannot be honoured by SDPA; the weights slot is ``None``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ import torch
 from torch import nn
 
 from ..errors import OpError
+from ..provenance import record_provenance
+from .hf_provenance import linear_names, record_attention
 from .self_attention import KVUpdate, SelfAttention, fuse_qkv
 
 __all__ = [
@@ -101,12 +104,19 @@ class _HFAdapter(SelfAttention):
     dtype and training mode of the HF module."""
 
     @classmethod
-    def _build(cls, hf: nn.Module, weights: dict, **options: Any) -> "_HFAdapter":
+    def _build(cls, hf: nn.Module, weights: dict, *, fused_conv1d: Optional[str] = None,
+               names: Optional[dict] = None, **options: Any) -> "_HFAdapter":
+        """``fused_conv1d``: the HF child holding q/k/v as one Conv1D (GPT-2's ``c_attn``);
+        ``names`` ({"out": "c_proj"}): HF children of entries of ``weights`` that are views;
+        the others are found by identity. They go into the provenance record
+        (:mod:`slapo.op.hf_provenance`) that ``slapo.verify`` reads."""
         ref = weights["q"][0]
         with torch.device(ref.device):
             new = cls(**options)
         new.to(ref.dtype)
         copy_projections(new, weights)
+        record_attention(new, hf, {**linear_names(hf, weights), **(names or {})},
+                         fused_conv1d=fused_conv1d)
         return new.train(hf.training)
 
 
@@ -186,6 +196,8 @@ class HFAlbertAttention(_HFAdapter):
             resid_dropout=hf.output_dropout.p, backend=backend,
             layer_norm_eps=hf.LayerNorm.eps)
         new.layer_norm.load_state_dict(hf.LayerNorm.state_dict())
+        for t in ("weight", "bias"):
+            record_provenance(new, f"LayerNorm.{t}", f"layer_norm.{t}")
         return new
 
 
@@ -217,10 +229,11 @@ class HFGPT2Attention(_HFAdapter):
         w, b = hf.c_attn.weight.t(), hf.c_attn.bias  # Conv1D: [in, 3H] -> Linear [3H, in]
         weights = {"q": (w[:h], b[:h]), "k": (w[h:2 * h], b[h:2 * h]),
                    "v": (w[2 * h:], b[2 * h:]), "out": (hf.c_proj.weight.t(), hf.c_proj.bias)}
-        return cls._build(hf, weights, hidden_size=h, num_heads=hf.num_heads,
-                          fused_qkv=fused_qkv, causal=True, scale=hf.scaling,
-                          attn_dropout=hf.attn_dropout.p, resid_dropout=hf.resid_dropout.p,
-                          backend=backend, layer_idx=hf.layer_idx)
+        return cls._build(hf, weights, fused_conv1d="c_attn", names={"out": "c_proj"},
+                          hidden_size=h, num_heads=hf.num_heads, fused_qkv=fused_qkv,
+                          causal=True, scale=hf.scaling, attn_dropout=hf.attn_dropout.p,
+                          resid_dropout=hf.resid_dropout.p, backend=backend,
+                          layer_idx=hf.layer_idx)
 
 
 class HFGPTNeoSelfAttention(_HFAdapter):

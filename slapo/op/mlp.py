@@ -7,7 +7,9 @@
   (same flavour of) GeLU with its bias add fused.
 * :class:`GatedMLP`: LLaMA's ``down(act(gate(x)) * up(x))``.
 * :func:`mlp_from_hf`: either of them from a HF MLP with the weights copied (GPT-2's Conv1D
-  ``[in, out]`` weights are transposed), to ``replace`` it in a schedule.
+  ``[in, out]`` weights are transposed), to ``replace`` it in a schedule. Renamed parameters
+  (``c_fc``/``c_proj`` -> ``fc_in``/``fc_out``) are recorded for ``slapo.verify``
+  (:mod:`slapo.provenance`).
 
 Sharding: ``fc_in`` / ``gate_proj`` / ``up_proj`` are the column-parallel Linears (axis 0, bias
 too), ``fc_out`` / ``down_proj`` the row-parallel ones (axis 1).
@@ -23,6 +25,7 @@ from torch import nn
 
 from ..errors import OpError
 from .fused import Compile, LinearBiasGeLU
+from .hf_provenance import record_linear
 
 __all__ = ["MLP", "GatedMLP", "DenseActivation", "mlp_from_hf", "resolve_activation",
            "gelu_kind"]
@@ -207,6 +210,8 @@ def mlp_from_hf(module: nn.Module, *, fuse_bias_gelu: bool = False,
                   fuse_bias_gelu=fuse_bias_gelu, compile=compile)
         _copy(new.fc_in, w_in, b_in)
         _copy(new.fc_out, w_out, b_out)
+        record_linear(new, "fc_in", module, "c_fc")
+        record_linear(new, "fc_out", module, "c_proj")
         return _finish(new, w_in, module)
     raise OpError(f"no slapo MLP builder for {type(module).__name__}", call="mlp_from_hf",
                   module=module,

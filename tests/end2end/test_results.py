@@ -117,3 +117,17 @@ def test_incompatible_header_is_refused(tmp_path):
     path.write_text("# slapo-results v1\nImpl\tModel\n")
     with pytest.raises(ResultsError, match="different columns"):
         append_result(path, _ok(_runs()[0], 1.0))
+
+
+def test_a_pipelined_line_is_another_run_than_the_default_layout(tmp_path):
+    """The layout is part of a run's identity: a ``#@ pp=2`` copy of a line is still pending
+    after the default-layout run of the same line is done (and vice versa)."""
+    path = tmp_path / "pp.tsv"
+    default, piped = expand(parse_lines(["slapo cpu/bert 2 128 0 4 0",
+                                         "#@ pp=2", "slapo cpu/bert 2 128 0 4 0"], "p.cfg"))
+    assert default.key != piped.key and piped.key[-1] == "tp1.pp2" and default.key[-1] == ""
+    append_result(path, _ok(default, 10.0), ENV)
+    assert pending_runs([default, piped], path) == [piped]
+    append_result(path, _ok(piped, 8.0), ENV)
+    assert pending_runs([default, piped], path) == []
+    assert [r.key for r in read_results(path).rows] == [default.key, piped.key]

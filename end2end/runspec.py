@@ -1,0 +1,139 @@
+"""The typed runs a benchmark config expands to, and their identity in results files.
+
+:class:`ConfigLine` is one parsed config line, :class:`RunSpec` one run of it at one rank count;
+:func:`run_key` identifies a run in a results file and :func:`default_parallel_sizes` gives the
+artifact's (TP, PP, DP) layout of a mode. Parsing lives in :mod:`end2end.config`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple, Union
+
+__all__ = ["MODES", "SLAPO_MODES", "ConfigLine", "RunSpec", "format_ratio", "run_key",
+           "default_parallel_sizes"]
+
+MODES = ("megatron", "slapo-megatron", "deepspeed", "slapo-deepspeed", "eager", "slapo")
+SLAPO_MODES = ("slapo", "slapo-megatron", "slapo-deepspeed")
+
+
+def format_ratio(ratio: float) -> str:
+    """Canonical text of a checkpoint ratio: ``0``, ``0.25``, ``1`` (used in keys and rows)."""
+    return f"{float(ratio):g}"
+
+
+def default_parallel_sizes(mode: str, n: int) -> Tuple[int, int, int]:
+    """(TP, PP, DP) of a run without a layout directive, as in the artifact: Megatron modes and
+    ``slapo`` shard over all ranks (TP = n); DeepSpeed modes (ZeRO-3) and ``eager`` are data
+    parallel (DP = n)."""
+    return (n, 1, 1) if mode.endswith("megatron") or mode == "slapo" else (1, 1, n)
+
+
+def run_key(mode: str, model: str, seq_len: int, dec_seq_len: int, n: int, batch_size: int,
+            ckpt: str, tp: Optional[int] = None, pp: Optional[int] = None) -> Tuple:
+    """The identity of a run, in results-column order (Impl Model Seq DecSeq nGPU Batch Ckpt),
+    then its layout: ``""`` for the mode's default (:func:`default_parallel_sizes`; also when
+    ``tp``/``pp`` are unknown), else ``"tp<T>.pp<P>"``, so a pipelined and a default run of
+    the same line are two runs."""
+    layout = ""
+    if tp is not None and pp is not None \
+            and (int(tp), int(pp)) != default_parallel_sizes(mode, int(n))[:2]:
+        layout = f"tp{int(tp)}.pp{int(pp)}"
+    return (mode, model, int(seq_len), int(dec_seq_len), int(n), int(batch_size), str(ckpt),
+            layout)
+
+
+@dataclass(frozen=True)
+class ConfigLine:
+    """One parsed (not yet expanded) config line."""
+
+    mode: str
+    model: str
+    gpus: Union[Tuple[int, ...], str]  # explicit counts or "pow2"
+    seq_len: int
+    dec_seq_len: int
+    batch_expr: str
+    ckpt: str
+    source: str
+    options: Tuple[Tuple[str, object], ...] = ()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One benchmark run: a config line at one GPU/rank count ``n``.
+
+    ``key`` (mode, model, seq, dec, n, batch, ckpt) identifies the run in a results file; it does
+    not include ``source`` or the run options, so moving a line or changing ``steps`` keeps it.
+    """
+
+    mode: str
+    model: str
+    n: int
+    seq_len: int
+    dec_seq_len: int
+    batch_size: int
+    ckpt: str
+    batch_expr: str = field(default="", compare=False)
+    source: str = field(default="", compare=False)
+    steps: Optional[int] = field(default=None, compare=False)
+    warmup: Optional[int] = field(default=None, compare=False)
+    dtype: Optional[str] = field(default=None, compare=False)
+    tp: Optional[int] = field(default=None, compare=False)
+    pp: Optional[int] = field(default=None, compare=False)
+    micro_batch: Optional[int] = field(default=None, compare=False)
+
+    @property
+    def key(self) -> Tuple:
+        tp, pp, _ = self.parallel_sizes
+        return run_key(self.mode, self.model, self.seq_len, self.dec_seq_len, self.n,
+                       self.batch_size, self.ckpt, tp, pp)
+
+    @property
+    def framework(self) -> str:
+        """``megatron``, ``deepspeed`` or ``torch`` (eager / slapo on plain PyTorch)."""
+        if self.mode.endswith("megatron"):
+            return "megatron"
+        if self.mode.endswith("deepspeed"):
+            return "deepspeed"
+        return "torch"
+
+    @property
+    def is_slapo(self) -> bool:
+        return self.mode in SLAPO_MODES
+
+    @property
+    def ckpt_ratio(self) -> Optional[float]:
+        """Fraction of layers to checkpoint (``full`` = 1.0); None for Megatron ``selective``."""
+        if self.ckpt == "selective":
+            return None
+        return 1.0 if self.ckpt == "full" else float(self.ckpt)
+
+    @property
+    def recompute_granularity(self) -> Optional[str]:
+        """Megatron's ``--recompute-granularity`` (``full``/``selective``) or None."""
+        return self.ckpt if self.ckpt in ("full", "selective") else None
+
+    @property
+    def parallel_sizes(self) -> Tuple[int, int, int]:
+        """(TP, PP, DP): the line's ``tp``/``pp`` directive, else
+        :func:`default_parallel_sizes`."""
+        if self.tp or self.pp:
+            tp, pp = self.tp or 1, self.pp or 1
+            return (tp, pp, max(1, self.n // (tp * pp)))
+        return default_parallel_sizes(self.mode, self.n)
+
+    @property
+    def label(self) -> str:
+        return f"{self.mode} {self.model} n={self.n} bs={self.batch_size} ckpt={self.ckpt}"
+
+    def cli_args(self) -> List[str]:
+        """Arguments of ``python -m end2end.bench`` for this run (without ``--results``)."""
+        args = ["--mode", self.mode, "--model", self.model, "--seq-len", str(self.seq_len),
+                "--dec-seq-len", str(self.dec_seq_len), "--batch-size", str(self.batch_size),
+                "--ckpt", self.ckpt]
+        for name, value in (("--steps", self.steps), ("--warmup", self.warmup),
+                            ("--dtype", self.dtype), ("--tp", self.tp), ("--pp", self.pp),
+                            ("--micro-batch-size", self.micro_batch)):
+            if value is not None:
+                args += [name, str(value)]
+        return args
