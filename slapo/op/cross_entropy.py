@@ -32,7 +32,7 @@ class _VocabParallelCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, logits, target, group, ignore_index, smoothing):
-        x = logits.float()
+        x = logits if logits.dtype == torch.float64 else logits.float()  # low precision up
         v_local = x.shape[-1]
         v_total = v_local * group_size(group)
         start = group_rank(group) * v_local

@@ -42,6 +42,19 @@ def test_single_process_equals_cross_entropy(kw):
     _compare(torch.randn(2, 5, 10) * 3, _targets(), 0, 1, **kw)
 
 
+def test_float64_logits_stay_float64():
+    """fp64 verification needs the loss in fp64 (fp16/bf16 logits are computed in fp32)."""
+    logits = (torch.randn(2, 5, 10, dtype=torch.float64) * 3).requires_grad_()
+    got = vocab_parallel_cross_entropy(logits, _targets(), reduction="none")
+    want = F.cross_entropy(logits.view(-1, 10), _targets().view(-1), reduction="none")
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want.view_as(got), rtol=1e-12, atol=1e-12)
+    (g,) = torch.autograd.grad(got.sum(), logits)
+    (w,) = torch.autograd.grad(want.sum(), logits)
+    assert g.dtype == torch.float64
+    torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
 def test_cross_entropy_errors():
     with pytest.raises(slapo.SlapoError, match=r"do not match targets"):
         vocab_parallel_cross_entropy(torch.randn(2, 5, 10), torch.zeros(2, 4, dtype=torch.long))
