@@ -8,8 +8,10 @@ then
    ``call_module``/``get_attr`` targets are full paths (``bert.encoder.layer.0``);
 2. numbers nodes by stage (a cut node closes its stage);
 3. computes liveness: every value defined before a cut and used after it crosses that cut, and
-   is forwarded through intermediate stages; tensors cross as they are, ``None`` is
-   re-created, ints/shapes are packed into int64 tensors; anything else is an error;
+   is forwarded through intermediate stages, always as tensors (:mod:`slapo.pipeline_values`):
+   tensors as they are, ``None`` re-created, ints/shapes packed into tensors, nested
+   tuples/lists/dicts (LLaMA's rotary ``(cos, sin)``, a layer's output tuple) flattened into
+   their leaves and rebuilt on the receiving stage; any other object is an error;
 4. builds one ``GraphModule`` per stage from the root, so a stage's ``state_dict`` keys are the
    original ones (``bert.encoder.layer.2.output.dense.weight``) and the stages' keys together are
    exactly the original model's; tied parameters used by several stages appear in each and are
@@ -33,6 +35,8 @@ from torch import nn
 from torch.fx.node import map_arg
 
 from .errors import PipelineError
+from .pipeline_values import (Crossing, FlattenTree, RebuildTree, crossing, pack_value,
+                              unpack_value)
 
 __all__ = ["build_pipeline_stages", "tied_parameters", "PipelineRunner", "CUTS_KEY",
            "pack_value", "unpack_value"]
@@ -40,40 +44,8 @@ __all__ = ["build_pipeline_stages", "tied_parameters", "PipelineRunner", "CUTS_K
 CUTS_KEY = "cut_pipeline_stage"  # root metadata: the cut paths, in call order
 
 
-def pack_value(value: Any) -> torch.Tensor:
-    """An int / bool / float / shape crossing a cut, as a tensor."""
-    if isinstance(value, (tuple, list)):
-        return torch.tensor([int(v) for v in value], dtype=torch.long)
-    return torch.tensor([value])
-
-
-def unpack_value(t: torch.Tensor, kind: str) -> Any:
-    """Inverse of :func:`pack_value`."""
-    items = t.tolist()
-    if kind == "size":
-        return torch.Size(items)
-    if kind == "tuple":
-        return tuple(items)
-    return {"int": int, "bool": bool, "float": float}[kind](items[0])
-
-
 def _identity(x: Any) -> Any:
     return x
-
-
-def _kind(value: Any) -> Optional[str]:
-    if isinstance(value, torch.Tensor):
-        return "tensor"
-    if value is None:
-        return "none"
-    if isinstance(value, torch.Size):
-        return "size"
-    if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
-        return "tuple"
-    for t in (bool, int, float):
-        if isinstance(value, t):
-            return t.__name__
-    return None
 
 
 # ---------------------------------------------------------------------- flattening
@@ -185,8 +157,8 @@ def build_pipeline_stages(sch) -> List[fx.GraphModule]:
 
     Raises:
         PipelineError: no cuts; an ancestor of a cut is not traced; a cut module is not called
-            exactly once at the flattened level; a non-tensor value that cannot be packed
-            crosses a cut.
+            exactly once at the flattened level; a value that cannot travel as tensors (see
+            :mod:`slapo.pipeline_values`) crosses a cut.
     """
     cuts = list(sch.root.metadata.get(CUTS_KEY, []))
     if not cuts:
@@ -217,35 +189,53 @@ def build_pipeline_stages(sch) -> List[fx.GraphModule]:
         last_use = max((stage_of[u] for u in v.users if u in stage_of), default=-1)
         for k in range(stage_of[v] + 1, last_use + 1):
             live[k].append(v)
-    stages = []
-    for k in range(num):
-        stages.append(_stage_module(root_mod, graph, k, num, stage_of, live))
-    return stages
+    hows = {v: _crossing_of(v, k) for k in range(1, num) for v in live[k]}
+    return [_stage_module(root_mod, graph, k, num, stage_of, live, hows) for k in range(num)]
+
+
+def _crossing_of(v: fx.Node, k: int) -> Crossing:
+    value = v.meta.get("val")
+    how = crossing(value)
+    if how is None:
+        raise PipelineError(
+            f"value '{v.name}' ({type(value).__name__}) crosses the cut before stage {k}",
+            call="cut_pipeline_stage()",
+            hint="only tensors, None, numbers, shapes and tuples/lists/dicts of them can cross "
+            "a cut; move the cut")
+    return how
 
 
 def _stage_module(root: nn.Module, graph: fx.Graph, k: int, num: int,
-                  stage_of: Dict[fx.Node, int], live: List[List[fx.Node]]) -> fx.GraphModule:
+                  stage_of: Dict[fx.Node, int], live: List[List[fx.Node]],
+                  hows: Dict[fx.Node, Crossing]) -> fx.GraphModule:
     g = fx.Graph()
     env: Dict[fx.Node, Any] = {}
+    received: Dict[fx.Node, List[fx.Node]] = {}  # value -> the placeholders carrying it
+    taken = {v.name for v in live[k]}
 
     def get(x: fx.Node) -> Any:
         if x not in env and x.op == "get_attr":  # parameters are local to every stage using them
             env[x] = g.node_copy(x)
         return env[x]
 
-    if k > 0:
-        for v in live[k]:
-            kind = _kind(v.meta.get("val"))
-            if kind is None:
-                raise PipelineError(
-                    f"value '{v.name}' ({type(v.meta.get('val')).__name__}) crosses the cut "
-                    f"before stage {k}", call="cut_pipeline_stage()",
-                    hint="only tensors, None, ints and shapes can cross a cut; move the cut")
-            if kind == "none":
-                env[v] = None
-                continue
-            ph = g.placeholder(v.name)
-            env[v] = ph if kind == "tensor" else g.call_function(unpack_value, (ph, kind))
+    def fresh(name: str) -> str:
+        i = 0
+        while f"{name}_{i}" in taken:
+            i += 1
+        taken.add(f"{name}_{i}")
+        return f"{name}_{i}"
+
+    for v in live[k] if k > 0 else []:
+        how = hows[v]
+        if how.kind == "none":
+            env[v], received[v] = None, []
+        elif how.kind == "tree":
+            received[v] = [g.placeholder(fresh(v.name)) for _ in range(how.num_tensors)]
+            env[v] = g.call_function(RebuildTree(v.name, how), tuple(received[v]))
+        else:
+            received[v] = [g.placeholder(v.name)]
+            env[v] = received[v][0] if how.kind == "tensor" else \
+                g.call_function(unpack_value, (received[v][0], how.kind))
     for n in graph.nodes:
         if stage_of.get(n) != k or n.op == "output" and k != num - 1:
             continue
@@ -254,13 +244,22 @@ def _stage_module(root: nn.Module, graph: fx.Graph, k: int, num: int,
             continue
         env[n] = g.node_copy(n, get)
     if k < num - 1:
-        outs = []
+        outs: List[fx.Node] = []
         for v in live[k + 1]:
-            kind = _kind(v.meta.get("val"))
-            if kind == "none":
-                continue
-            outs.append(get(v) if kind == "tensor" else g.call_function(pack_value, (get(v),)))
+            how = hows[v]
+            if v in received:  # only passing through: forward the received tensors
+                outs += received[v]
+            elif how.kind == "tree":
+                flat = g.call_function(FlattenTree(v.name, how), (get(v),))
+                outs += [g.call_function(operator.getitem, (flat, i))
+                         for i in range(how.num_tensors)]
+            elif how.kind != "none":
+                outs.append(get(v) if how.kind == "tensor" else
+                            g.call_function(pack_value, (get(v),)))
         g.output(tuple(outs))
+    for v in received:  # values only passed through are not rebuilt
+        if isinstance(env[v], fx.Node) and env[v].op != "placeholder" and not env[v].users:
+            g.erase_node(env[v])
     gm = fx.GraphModule(root, g, class_name=f"PipelineStage{k}")
     gm.meta["slapo_stage"] = {"index": k, "num_stages": num,
                               "inputs": [v.name for v in live[k]] if k else None}
@@ -295,6 +294,19 @@ class _LossStage(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         return self.loss_of(self.stage(*args, **kwargs))
+
+
+class _ContiguousStage(nn.Module):
+    """A non-last stage whose outputs are contiguous: runtimes send and receive into buffers laid
+    out like the example outputs, and point-to-point ops need contiguous tensors (crossing
+    values such as expanded masks or rotary tables are often views)."""
+
+    def __init__(self, stage: nn.Module):
+        super().__init__()
+        self.stage = stage
+
+    def forward(self, *args: Any, **kwargs: Any) -> Tuple[torch.Tensor, ...]:
+        return tuple(t.contiguous() for t in self.stage(*args, **kwargs))
 
 
 class PipelineRunner:
@@ -351,7 +363,7 @@ class PipelineRunner:
         for k, st in enumerate(self.stages):  # example values, with requires_grad as in training
             out = st(**micro) if k == 0 else st(*args)
             if k < len(self.stages) - 1:
-                out = tuple(t.detach().requires_grad_(t.requires_grad) for t in out)
+                out = tuple(t.detach().contiguous().requires_grad_(t.requires_grad) for t in out)
             if k == self.index:
                 ins = tuple(micro.values()) if k == 0 else tuple(args)
                 outs = out if k < len(self.stages) - 1 else self.loss_of(out).detach()
@@ -361,6 +373,8 @@ class PipelineRunner:
         mod = self.stages[self.index]
         if self.index == len(self.stages) - 1:
             mod = _LossStage(mod, self.loss_of)
+        else:
+            mod = _ContiguousStage(mod)
         stage = pp.PipelineStage(mod, self.index, len(self.stages), self._device,
                                  input_args=ins, output_args=outs, group=self.group)
         cls = pp.ScheduleGPipe if self._kind == "gpipe" else pp.Schedule1F1B

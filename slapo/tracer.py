@@ -9,10 +9,13 @@ from the value and fixed in the graph, while tensor *shapes* stay symbolic (``x.
 node), so the graph is valid for other batch and sequence sizes.
 
 What is specialised at trace time (documented limits): Python control flow, ``self.training``
-(trace in the mode you run), non-tensor arguments (``None``, flags, ints), and ``len()`` of
-tensors. Specialised arguments are *guarded*: calling the traced module with a different
-literal value raises :class:`~slapo.errors.TraceError` instead of silently computing something
-else.
+(trace in the mode you run), non-tensor arguments (``None``, flags, ints), and ``len()`` /
+``int()`` of traced values. Specialised arguments and branches are *guarded*
+(:mod:`slapo.tracer_guards`): calling the traced module with a different literal value, or with
+inputs for which a condition on a traced value (``if (ids == -100).any():``, ``assert
+torch.all(...)``) would take the other branch, raises :class:`~slapo.errors.TraceError` instead
+of silently computing something else. In-place item assignment (``x[..., 1:] = y``, as in T5's
+``_shift_right``) is recorded as ``operator.setitem``.
 
 The traced module is callable exactly like the original: its ``forward`` has the original
 parameter names, defaults, ``*args``/``**kwargs``; children, parameters and buffers keep their
@@ -24,19 +27,21 @@ from __future__ import annotations
 
 import copy
 import inspect
+import operator
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 import torch.fx as fx
 from torch import nn
 from torch.fx._symbolic_trace import _maybe_revert_all_patches
-from torch.fx.node import has_side_effect, map_arg
+from torch.fx.node import map_arg
 from torch.fx.immutable_collections import immutable_dict
 from torch.fx.proxy import Attribute
 
 from .errors import TraceError
 from .forward_wrap import copy_forward_wrappers, forward_wrappers
+from .tracer_guards import check_branch, check_kwargs, check_specialized, model_source_site
 
 __all__ = ["ValueTracer", "trace_module", "Inputs", "is_builtin_leaf"]
 
@@ -46,27 +51,6 @@ Inputs = Tuple[Tuple[Any, ...], Dict[str, Any]]
 _CONST_ATTRS = {"dtype", "device", "ndim", "is_cuda", "is_sparse", "is_quantized", "layout",
                 "is_meta"}
 _LITERALS = (type(None), bool, int, float, str)
-
-
-@has_side_effect
-def check_specialized(value: Any, expected: Any, name: str) -> None:
-    """Guard inserted for an argument that was a literal at trace time."""
-    if value is not expected and not (type(value) is type(expected) and value == expected):
-        raise TraceError(
-            f"argument '{name}' was {expected!r} when the module was traced but is {value!r} now",
-            hint="the traced graph specialised it; re-trace with inputs like the ones you run",
-        )
-
-
-@has_side_effect
-def check_kwargs(kwargs: Dict[str, Any], keys: Tuple[str, ...], literals: Dict[str, Any]) -> None:
-    """Guard for ``**kwargs``: no keys beyond the traced ones; literal values as traced."""
-    extra = sorted(set(kwargs) - set(keys))
-    if extra:
-        raise TraceError(f"keyword argument(s) {', '.join(extra)} were not given when the "
-                         "module was traced", hint="re-trace with inputs like the ones you run")
-    for k, v in literals.items():
-        check_specialized(kwargs.get(k, None), v, k)
 
 
 def _output_builder(cls: type) -> Callable:
@@ -116,7 +100,10 @@ class ValueProxy(fx.Proxy):
         return len(self.value)
 
     def __bool__(self) -> bool:
-        return bool(self.value)
+        taken = bool(self.value)  # control flow: the branch is fixed, and guarded
+        self.tracer.create_proxy("call_function", check_branch,
+                                 (self, taken, model_source_site()), {})
+        return taken
 
     def __index__(self) -> int:
         return int(self.value)
@@ -129,6 +116,9 @@ class ValueProxy(fx.Proxy):
 
     def keys(self):
         return self.value.keys()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
 
 
 class ValueAttribute(ValueProxy, Attribute):
@@ -318,12 +308,7 @@ def _detach(value: Any) -> Any:
 
 def _failure_site(exc: BaseException) -> str:
     """The model source line where tracing failed (the deepest frame outside torch/slapo)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    for fr in reversed(frames):
-        f = fr.filename.replace("\\", "/")
-        if "/torch/" not in f and "/slapo/tracer.py" not in f:
-            return f"{f.rsplit('/', 1)[-1]}:{fr.lineno} `{(fr.line or '').strip()}`"
-    return "?"
+    return model_source_site(traceback.extract_tb(exc.__traceback__))
 
 
 def trace_module(
@@ -363,8 +348,6 @@ def trace_module(
     gm = _graph_module(mod, graph)
     return gm, tracer.child_inputs
 
-
-import operator
 
 _PURE_FUNCS = {getattr, operator.getitem, operator.gt, operator.lt, operator.ge, operator.le,
                operator.eq, operator.ne, operator.not_, operator.and_, operator.or_}

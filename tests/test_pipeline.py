@@ -5,8 +5,9 @@ import pytest
 import torch
 
 import slapo
-from slapo.pipeline import PipelineRunner, build_pipeline_stages, tied_parameters
+from slapo.pipeline import build_pipeline_stages, tied_parameters
 from slapo.testing import example_inputs, run_distributed, tiny_model
+from tests.pipeline_helpers import train_stage_like_reference
 
 CASES = {
     "bert": (dict(num_hidden_layers=4), "bert.encoder", "bert.encoder.layer.1"),
@@ -46,33 +47,10 @@ def test_stages_keep_parameter_paths_and_numerics(family):
 
 
 def _train_on_ranks(family, schedule, steps):
-    import torch.distributed as dist
-
     config, _, _ = CASES[family]
-    rank = dist.get_rank()
     ref = tiny_model(family, **config)
-    model, stages = _staged(family)
-    runner = PipelineRunner(stages, n_microbatches=2, schedule=schedule)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    opt = torch.optim.SGD(stages[rank].parameters(), lr=0.1)
-    report = []
-    for step in range(steps):
-        inputs = example_inputs(family, batch=4, seq=8, seed=step)
-        ref_opt.zero_grad()
-        ref_loss = ref(**inputs).loss
-        ref_loss.backward()
-        opt.zero_grad()
-        loss = runner.step(inputs)
-        if loss is not None:
-            torch.testing.assert_close(loss, ref_loss.detach())
-        ref_grads = dict(ref.named_parameters(remove_duplicate=False))
-        for name, p in stages[rank].named_parameters():
-            torch.testing.assert_close(p.grad, ref_grads[name].grad, msg=name, atol=1e-5,
-                                       rtol=1e-4)
-        report.append(None if loss is None else float(loss))
-        ref_opt.step()
-        opt.step()
-    return report
+    _, stages = _staged(family)
+    return train_stage_like_reference(ref, stages, family, schedule, steps)
 
 
 def _train_all():
