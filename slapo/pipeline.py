@@ -19,22 +19,22 @@ then
 
 Stage 0 takes the model's own arguments (names and defaults); later stages take the live values
 of the cut before them, positionally; non-last stages return a tuple of the next stage's inputs.
-:class:`PipelineRunner` trains the stages with ``torch.distributed.pipelining`` (GPipe or 1F1B),
-one stage per rank, all-reducing gradients of tied parameters across stages.
+:class:`PipelineRunner` (:mod:`slapo.pipeline_runner`) trains the stages with
+``torch.distributed.pipelining`` (GPipe or 1F1B), one stage per rank, all-reducing gradients of
+tied parameters across stages.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
-import torch
-import torch.distributed as dist
 import torch.fx as fx
 from torch import nn
 from torch.fx.node import map_arg
 
 from .errors import PipelineError
+from .pipeline_runner import PipelineRunner, tied_parameters  # noqa: F401 (re-exported)
 from .pipeline_values import (Crossing, FlattenTree, RebuildTree, crossing, pack_value,
                               unpack_value)
 
@@ -264,136 +264,3 @@ def _stage_module(root: nn.Module, graph: fx.Graph, k: int, num: int,
     gm.meta["slapo_stage"] = {"index": k, "num_stages": num,
                               "inputs": [v.name for v in live[k]] if k else None}
     return gm
-
-
-def tied_parameters(stages: Sequence[nn.Module]) -> List[List[Tuple[int, str]]]:
-    """Groups ``[(stage, name), ...]`` of one parameter object used by several stages."""
-    groups: Dict[int, List[Tuple[int, str]]] = {}
-    for k, mod in enumerate(stages):
-        seen = set()
-        for name, p in mod.named_parameters(remove_duplicate=False):
-            if id(p) not in seen:
-                seen.add(id(p))
-                groups.setdefault(id(p), []).append((k, name))
-    return [g for g in groups.values() if len({s for s, _ in g}) > 1]
-
-
-# ---------------------------------------------------------------------- running
-def _model_loss(out: Any) -> torch.Tensor:
-    loss = out.get("loss") if isinstance(out, dict) else getattr(out, "loss", None)
-    if loss is None:
-        raise PipelineError("the last stage returned no loss", call="PipelineRunner",
-                            hint="pass loss_of=<fn(output) -> scalar> or give labels")
-    return loss
-
-
-class _LossStage(nn.Module):
-    def __init__(self, stage: nn.Module, loss_of: Callable[[Any], torch.Tensor]):
-        super().__init__()
-        self.stage, self.loss_of = stage, loss_of
-
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        return self.loss_of(self.stage(*args, **kwargs))
-
-
-class _ContiguousStage(nn.Module):
-    """A non-last stage whose outputs are contiguous: runtimes send and receive into buffers laid
-    out like the example outputs, and point-to-point ops need contiguous tensors (crossing
-    values such as expanded masks or rotary tables are often views)."""
-
-    def __init__(self, stage: nn.Module):
-        super().__init__()
-        self.stage = stage
-
-    def forward(self, *args: Any, **kwargs: Any) -> Tuple[torch.Tensor, ...]:
-        return tuple(t.contiguous() for t in self.stage(*args, **kwargs))
-
-
-class PipelineRunner:
-    """Trains stage ``rank`` of ``stages`` with ``torch.distributed.pipelining``.
-
-    Args:
-        stages: all stage modules (from :func:`build_pipeline_stages`); this rank runs
-            ``stages[stage_index]`` (default: its rank); the others are used once, locally, to
-            derive the shapes passed between stages.
-        n_microbatches: microbatches per step (the batch must divide evenly).
-        schedule: ``"gpipe"`` or ``"1f1b"``.
-        loss_of: ``fn(last stage output) -> scalar``; default: the output's ``loss``.
-        group: the pipeline's process group (stage ``k`` runs on its group rank ``k``).
-        tie_group_fn: ``fn(stage indices) -> group`` joining this pipeline's ranks of those
-            stages, for the gradients of parameters tied across them; called on every rank for
-            every tie, in the same order (it may create groups). Default: sub-groups of the
-            world, which is only right when ``group`` is the world.
-        device: where the stage runs (default: the CPU).
-    """
-
-    def __init__(self, stages: Sequence[nn.Module], n_microbatches: int, *,
-                 schedule: str = "gpipe", stage_index: Optional[int] = None,
-                 group: Optional[dist.ProcessGroup] = None,
-                 loss_of: Callable[[Any], torch.Tensor] = _model_loss,
-                 tie_group_fn: Optional[Callable[[List[int]], Any]] = None,
-                 device: Optional[torch.device] = None):
-        from torch.distributed import pipelining as pp
-
-        if schedule not in ("gpipe", "1f1b"):
-            raise PipelineError(f"unknown schedule {schedule!r}", call="PipelineRunner",
-                                hint="use 'gpipe' or '1f1b'")
-        self.stages = list(stages)
-        self.index = dist.get_rank(group) if stage_index is None else stage_index
-        self.n_micro, self.group, self.loss_of = n_microbatches, group, loss_of
-        self._pp, self._kind = pp, schedule
-        self._schedule = None
-        self._device = device or torch.device("cpu")
-        self._tie_groups = []
-        for tie in tied_parameters(self.stages):
-            ranks = sorted({s for s, _ in tie})
-            if tie_group_fn is not None:
-                pg = tie_group_fn(ranks)
-            else:
-                pg = dist.new_group(ranks) if len(ranks) < dist.get_world_size(group) else group
-            mine = [name for s, name in tie if s == self.index]
-            if mine:
-                self._tie_groups.append((pg, mine[0]))
-
-    def _build(self, inputs: Dict[str, torch.Tensor]) -> None:
-        pp = self._pp
-        micro = {k: v.chunk(self.n_micro)[0] for k, v in inputs.items()}
-        args: Any = None
-        ins = outs = None
-        for k, st in enumerate(self.stages):  # example values, with requires_grad as in training
-            out = st(**micro) if k == 0 else st(*args)
-            if k < len(self.stages) - 1:
-                out = tuple(t.detach().contiguous().requires_grad_(t.requires_grad) for t in out)
-            if k == self.index:
-                ins = tuple(micro.values()) if k == 0 else tuple(args)
-                outs = out if k < len(self.stages) - 1 else self.loss_of(out).detach()
-            args = out
-        for st in self.stages:
-            st.zero_grad(set_to_none=True)
-        mod = self.stages[self.index]
-        if self.index == len(self.stages) - 1:
-            mod = _LossStage(mod, self.loss_of)
-        else:
-            mod = _ContiguousStage(mod)
-        stage = pp.PipelineStage(mod, self.index, len(self.stages), self._device,
-                                 input_args=ins, output_args=outs, group=self.group)
-        cls = pp.ScheduleGPipe if self._kind == "gpipe" else pp.Schedule1F1B
-        self._schedule = cls(stage, self.n_micro, loss_fn=lambda out, target: out)
-
-    def step(self, inputs: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
-        """Forward + backward of one batch (keyword inputs of the model); gradients are left
-        in the stage's parameters. Returns the mean loss on the last stage, else None."""
-        if self._schedule is None:
-            self._build(inputs)
-        batch = next(iter(inputs.values())).shape[0]
-        losses: List[torch.Tensor] = []
-        kwargs = inputs if self.index == 0 else {}
-        self._schedule.step(**kwargs, target=torch.zeros(batch), losses=losses,
-                            return_outputs=False)
-        for pg, name in self._tie_groups:
-            p = self.stages[self.index].get_parameter(name)
-            if p.grad is not None:
-                dist.all_reduce(p.grad, group=pg)
-        if losses:
-            return torch.stack([loss.detach() for loss in losses]).mean()
-        return None

@@ -47,7 +47,8 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import BuildError
-from ..pipeline import _model_loss, build_pipeline_stages, tied_parameters
+from ..pipeline import build_pipeline_stages, tied_parameters
+from ..pipeline_runner import _model_loss
 from ..primitives.module_checks import closest
 from .layout import LayoutGroups
 
@@ -238,6 +239,7 @@ def build_deepspeed_pipeline(sch, model: nn.Module, config: Dict[str, Any], opti
     """
     from ..compat.deepspeed_startup import import_deepspeed, init_deepspeed_comm
     from ..distributed import default_timeout, init_distributed
+    from ..pipeline_memory import release_other_stages
     from .common import has_tp_shards, make_optimizer, pipeline_groups, \
         tag_tensor_parallel_params
 
@@ -267,11 +269,12 @@ def build_deepspeed_pipeline(sch, model: nn.Module, config: Dict[str, Any], opti
     topology = PipeModelDataParallelTopology(num_pp=layout.pp, num_mp=layout.tp,
                                              num_dp=layout.dp)
     layers = [deepspeed_stage(st, names, loss_in_stage=loss_fn is None) for st in stages]
-    model.to(env.device)
+    stages[groups.coords.stage].to(env.device)
     if has_tp_shards(model):
         tag_tensor_parallel_params(model)
     pipe = _pipeline_module_class()(layers, topology, groups, tied_parameters(stages), names,
                                     loss_fn)
+    release_other_stages(stages, groups.coords.stage)  # DeepSpeed runs only its own layer
     use_torch_optimizer = optimizer is not None or "optimizer" not in config
     opt = make_optimizer(pipe, optimizer) if use_torch_optimizer else None
     engine, ds_opt, _, _ = deepspeed.initialize(

@@ -26,7 +26,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError
-from ..pipeline import PipelineRunner, _model_loss, build_pipeline_stages
+from ..pipeline import build_pipeline_stages
+from ..pipeline_runner import PipelineRunner, _model_loss
 from .common import OptimizerArg, make_optimizer, pipeline_groups
 from .layout import LayoutGroups
 
@@ -42,7 +43,10 @@ class PipelineModel:
         module: this rank's stage, a ``GraphModule`` whose parameters keep the original paths
             (``transformer.h.2.mlp.c_fc.weight``); ``parameters()``, ``named_parameters()``,
             ``state_dict()``, ``load_state_dict()``, ``train()``/``eval()`` act on it.
-        stages: every stage (the others are only used to derive the shapes sent between them).
+        stages: every stage; the ones before this rank's run once, at the first step, to
+            derive the values sent into it, then every other stage's parameters and buffers are
+            released (emptied: only this rank's stage stays in memory, weights it ties to
+            other stages included).
         stage_index / num_stages: this rank's stage and their number.
         groups: the layout and this rank's pipeline / data-parallel groups.
         optimizer: the optimizer over ``module``'s parameters.
@@ -64,7 +68,7 @@ class PipelineModel:
         self.runner = PipelineRunner(stages, n_microbatches, schedule=schedule,
                                      stage_index=self.stage_index, group=groups.pp_group,
                                      loss_of=loss_fn, tie_group_fn=groups.tie_group,
-                                     device=device)
+                                     device=device, release_others=True)
 
     # ------------------------------------------------------------------ nn.Module-like
     def parameters(self) -> Iterator[nn.Parameter]:
@@ -170,7 +174,7 @@ def build_torch_pipeline(sch, model: nn.Module, *, optimizer: OptimizerArg,
     stages = build_pipeline_stages(sch)
     env = init_distributed()
     groups = pipeline_groups(sch, model, len(stages), "torch")
-    model.to(env.device)  # every rank holds all stages (they give the shapes between them)
+    stages[groups.coords.stage].to(env.device)  # the others visit it once (PipelineRunner)
     opt = make_optimizer(stages[groups.coords.stage], optimizer)
     runtime = PipelineModel(stages, groups, opt, n_microbatches=n_micro, schedule=schedule,
                             loss_fn=loss_fn or _model_loss, tp_group=sch.group,

@@ -60,21 +60,32 @@ def reference(replicas: int = 1):
 
 
 # ---------------------------------------------------------------------- on 2 ranks
+def _released(whole: torch.nn.Module, stage: torch.nn.Module) -> tuple:
+    """(other stages' tensors all emptied, this stage's all kept) on this rank."""
+    mine = {id(t) for t in [*stage.parameters(), *stage.buffers()]}
+    tensors = [*whole.parameters(), *whole.buffers()]
+    return (all(t.numel() == 0 for t in tensors if id(t) not in mine),
+            all(t.numel() > 0 for t in tensors if id(t) in mine))
+
+
 def _torch_and_deepspeed():
     rank = dist.get_rank()
-    model, opt = slapo.build(pipelined(), optimizer=sgd, n_microbatches=2,
-                             pipeline_schedule="1f1b")
+    sch = pipelined()
+    model, opt = slapo.build(sch, optimizer=sgd, n_microbatches=2, pipeline_schedule="1f1b")
     torch_losses = [model.train_step(batch(s)) for s in range(STEPS)]
     out = dict(torch=torch_losses, torch_keys=sorted(model.state_dict()),
                torch_opt=sum(p.numel() for g in opt.param_groups for p in g["params"]),
-               stage_params=sum(p.numel() for p in model.parameters()))
+               stage_params=sum(p.numel() for p in model.parameters()),
+               torch_released=_released(sch.mod, model.module))
 
-    engine, _ = slapo.build(pipelined(), target="deepspeed", optimizer=sgd, config=DS_CONFIG)
+    sch = pipelined()
+    engine, _ = slapo.build(sch, target="deepspeed", optimizer=sgd, config=DS_CONFIG)
     ds_losses = [float(engine.train_batch(pipeline_items(engine, batch(s))))
                  for s in range(STEPS)]
     layer = engine.module.get_submodule(str(rank))
     out.update(ds=ds_losses, ds_keys=sorted(layer.state_dict()),
-               ties=[c["ranks"] for c in engine.module.tied_comms.values()])
+               ties=[c["ranks"] for c in engine.module.tied_comms.values()],
+               ds_released=_released(sch.mod, layer))
     return out
 
 
@@ -86,6 +97,8 @@ def test_torch_and_deepspeed_pipelines_match_single_process():
         torch.testing.assert_close(r["ds"], ref, rtol=1e-5, atol=1e-5)
         assert r["torch_opt"] == r["stage_params"]  # the optimizer holds this stage only
         assert r["ties"] == [[0, 1]]  # wte (stage 0) = lm_head (stage 1)
+        # only this rank's stage stays in memory (the tied wte/lm_head weight included)
+        assert r["torch_released"] == (True, True) and r["ds_released"] == (True, True)
     assert ref[-1] < ref[0]
     original = set(gpt().state_dict())
     for key in ("torch_keys", "ds_keys"):
