@@ -84,8 +84,15 @@ def test_deepspeed_layers_carry_nested_values(family):
     names = ["input_ids", "attention_mask", "labels"]
     layers = [deepspeed_stage(st, names, loss_in_stage=True) for st in stages]
     inputs = example_inputs(family, batch=3, seq=6)
-    loss = layers[1](layers[0](tuple(inputs[n] for n in names)))
+    # as DeepSpeed receives activations: detached, every floating tensor requiring a gradient,
+    # and it asserts after backward that each of them got one (T5's layer output tuple carries
+    # the position bias across the cut, which the next stage does not use)
+    received = tuple(t.detach().requires_grad_(t.is_floating_point())
+                     for t in layers[0](tuple(inputs[n] for n in names)))
+    loss = layers[1](received)
     torch.testing.assert_close(loss, ref(**inputs).loss)
+    loss.backward()
+    assert all(t.grad is not None for t in received if t.requires_grad)
 
 
 def _train_on_ranks(family, schedule, steps=2):

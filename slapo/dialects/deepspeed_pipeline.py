@@ -20,7 +20,9 @@ How the stages become DeepSpeed layers:
   other arguments keep their defaults). Between stages, tensors that DeepSpeed cannot treat as
   activations are re-encoded losslessly: floating tensors that need no gradient travel bit-cast
   to integers and bools as ``uint8`` (DeepSpeed sends a gradient back for every floating
-  activation), with a trailing code tensor saying how to restore them.
+  activation), with a trailing code tensor saying how to restore them. DeepSpeed also asserts
+  that every floating activation it received got a gradient: a received value that the stage
+  does not use on a differentiable path gets a zero one (:class:`_ZeroGrads`).
 * loss: by default the last stage returns its output's ``loss`` (labels go through the model as
   an input); with ``loss_fn`` the last stage returns the raw output and DeepSpeed computes
   ``loss_fn(output, labels)``, ``labels`` being the second element of each data item.
@@ -84,6 +86,35 @@ def decode_activations(inputs: Any) -> Tuple[torch.Tensor, ...]:
     return tuple(v if c == 0 else v.view(_CODED[c]) for v, c in zip(values, codes.tolist()))
 
 
+class _ZeroGrads(torch.autograd.Function):
+    """Identity on ``anchor`` whose backward also returns a zero gradient for each of
+    ``inputs``. DeepSpeed marks every floating activation it receives as requiring a gradient and
+    asserts that each got one; a value that crosses a cut inside a tuple without being used on a
+    differentiable path (T5's encoder position bias in a layer's output tuple) would get none."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.specs = [(t.shape, t.dtype, t.device) for t in inputs]
+        return anchor.view_as(anchor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor, *_: Any) -> Tuple[torch.Tensor, ...]:
+        return (grad, *(torch.zeros(s, dtype=d, device=dev) for s, d, dev in ctx.specs))
+
+
+def _grads_for_received(out: Any, received: Sequence[torch.Tensor]) -> Any:
+    """``out`` (a tensor or tuple of tensors) with :class:`_ZeroGrads` on its first tensor that
+    requires a gradient, covering every received floating tensor that requires one."""
+    needy = [t for t in received if t.is_floating_point() and t.requires_grad]
+    outs = list(out) if isinstance(out, tuple) else [out]
+    i = next((i for i, t in enumerate(outs) if isinstance(t, torch.Tensor) and t.requires_grad),
+             None)
+    if not needy or i is None:
+        return out
+    outs[i] = _ZeroGrads.apply(outs[i], *needy)
+    return tuple(outs) if isinstance(out, tuple) else outs[0]
+
+
 def _as_tuple(inputs: Any) -> Tuple[Any, ...]:
     return tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
 
@@ -125,6 +156,8 @@ def deepspeed_stage(stage: fx.GraphModule, input_names: Optional[Sequence[str]],
         out = g.call_function(encode_activations, (out,))
     elif loss_in_stage:
         out = g.call_function(_model_loss, (out,))
+    if k > 0:
+        out = g.call_function(_grads_for_received, (out, args))
     g.output(out)
     gm = fx.GraphModule(stage, g, class_name=f"DeepSpeedStage{k}")
     gm.meta["slapo_stage"] = dict(info, input_names=list(input_names or []) if k == 0 else None)
