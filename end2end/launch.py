@@ -37,13 +37,18 @@ def single_node_command(spec: RunSpec, results: str, extra: Sequence[str] = (),
 
 def torchrun_node_command(spec: RunSpec, results: str, nnodes: int, nproc_per_node: int,
                           master_addr: str, master_port: int = 29500, job_id: str = "slapo",
-                          extra: Sequence[str] = (), torchrun: str = "torchrun") -> List[str]:
-    """The command to start on *every* node (c10d rendezvous at ``master_addr:master_port``)."""
+                          extra: Sequence[str] = (), torchrun: Sequence[str] = ("torchrun",),
+                          is_host: Optional[bool] = None) -> List[str]:
+    """The command to start on *every* node (c10d rendezvous at ``master_addr:master_port``).
+    ``is_host``: whether this node's agent hosts the rendezvous store (``--rdzv_conf``; needed
+    when several "nodes" share one machine, where torchrun cannot tell them apart)."""
     if nnodes * nproc_per_node != spec.n:
         raise ValueError(f"{nnodes} nodes x {nproc_per_node} GPUs != n={spec.n}")
-    return [torchrun, f"--nnodes={nnodes}", f"--nproc_per_node={nproc_per_node}",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint={master_addr}:{master_port}",
-            f"--rdzv_id={job_id}", *bench_args(spec, results, extra)]
+    conf = [] if is_host is None else [f"--rdzv_conf=is_host={int(is_host)}"]
+    return [*([torchrun] if isinstance(torchrun, str) else torchrun), f"--nnodes={nnodes}",
+            f"--nproc_per_node={nproc_per_node}", "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={master_addr}:{master_port}", f"--rdzv_id={job_id}", *conf,
+            *bench_args(spec, results, extra)]
 
 
 def hostfile_text(hosts: Sequence[str], slots: int) -> str:

@@ -264,6 +264,11 @@ def make_runner(
         sch = slapo.create_schedule(model, group=group)
         if schedule is not None and mode.startswith("slapo"):
             schedule(sch)
+    tp_size = dist.get_world_size(group) if env.world_size > 1 else 1  # group None: the world
+    if mode in ("slapo", "slapo-deepspeed") and tp_size > 1:
+        # per-TP-rank RNG streams for the schedule's fork_rng (attention dropout on this
+        # rank's heads); the default stream is shared by the TP group
+        slapo.set_random_seed(seed, dp_rank=env.rank // tp_size, tp_rank=dist.get_rank(group))
     if pipeline_parallel > 1:
         return _pipeline_runner(mode, sch, pipeline_parallel, optimizer, num_microbatches,
                                 deepspeed_config, dtype)

@@ -12,11 +12,20 @@ the first ``n / gpus_per_node`` hosts. ``torchrun``: the same command is started
 (over ``ssh``, in ``--workdir``) with a c10d rendezvous on the first host. ``deepspeed``: one
 command on the first host; DeepSpeed's launcher reaches the others through the hostfile (pdsh).
 The results file must be on a filesystem shared by the first host (rank 0 writes it).
+
+Hosts named ``localhost``/``127.0.0.1`` (or this machine's name) run their node command here,
+without ``ssh``; several such "nodes" on one machine each get their own torchrun agent, the
+first hosting the rendezvous. With ``--device cpu`` this runs the multi-node code path on one
+CPU machine (gloo), e.g. two 1-rank nodes::
+
+    python -m end2end.multi_node.launch --hosts localhost,localhost --gpus-per-node 1 \
+        --device cpu --config my_tiny.cfg --results results/local-nodes.tsv
 """
 
 from __future__ import annotations
 
 import argparse
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -39,20 +48,37 @@ def read_hosts(hosts: Optional[str], hostfile: Optional[str]) -> List[str]:
     raise SystemExit("give --hosts h1,h2,... or --hostfile FILE")
 
 
+def is_local(host: str) -> bool:
+    """Whether ``host`` names this machine (its node command runs here, without ssh)."""
+    return host in ("localhost", "127.0.0.1", socket.gethostname())
+
+
 def commands_for(spec: RunSpec, hosts: Sequence[str], gpus_per_node: int, launcher: str,
-                 results: str, hostfile: str, port: int, workdir: str) -> List[List[str]]:
-    """The command lines of one run: one per node (torchrun, prefixed with ssh) or one."""
+                 results: str, hostfile: str, port: int, workdir: str,
+                 device: str = "cuda") -> List[List[str]]:
+    """The command lines of one run: one per node (torchrun, prefixed with ssh unless the host
+    is this machine) or one (DeepSpeed's launcher)."""
     nnodes = spec.n // gpus_per_node
     used = list(hosts[:nnodes])
-    extra = ["--device", "cuda"]
+    extra = ["--device", device]
     if launcher == "deepspeed":
         return [deepspeed_command(spec, results, hostfile, nnodes, gpus_per_node, used[0],
                                   port, extra)]
     job = "fig8-" + "-".join(part.replace("/", "_") for part in (spec.mode, spec.model,
                                                                   str(spec.n)))
-    node_cmd = torchrun_node_command(spec, results, nnodes, gpus_per_node, used[0], port, job,
-                                     extra)
-    return [["ssh", host, f"cd {workdir} && {shell_join(node_cmd)}"] for host in used]
+    shared = sum(map(is_local, used)) > 1  # several nodes on this machine: say who hosts
+    cmds = []
+    for i, host in enumerate(used):
+        if is_local(host):
+            cmds.append(torchrun_node_command(
+                spec, results, nnodes, gpus_per_node, used[0], port, job, extra,
+                torchrun=(sys.executable, "-m", "torch.distributed.run"),
+                is_host=(i == 0) if shared else None))
+        else:
+            node_cmd = torchrun_node_command(spec, results, nnodes, gpus_per_node, used[0],
+                                             port, job, extra)
+            cmds.append(["ssh", host, f"cd {workdir} && {shell_join(node_cmd)}"])
+    return cmds
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -65,6 +91,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--results", default="results/fig8.tsv")
     parser.add_argument("--port", type=int, default=29500)
     parser.add_argument("--workdir", default=str(Path.cwd()), help="repository root on nodes")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="the driver's device (cpu: gloo ranks, e.g. local test nodes)")
     parser.add_argument("--only-n", type=int, nargs="*", help="only these GPU counts")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     args = parser.parse_args(argv)
@@ -88,13 +116,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     failures = 0
     for spec in todo:
         cmds = commands_for(spec, hosts, args.gpus_per_node, args.launcher, args.results,
-                            hostfile, args.port, args.workdir)
+                            hostfile, args.port, args.workdir, args.device)
         print(f"# {spec.label} (tp, pp, dp) = {spec.parallel_sizes}")
         for cmd in cmds:
             print(shell_join(cmd))
         if args.dry_run:
             continue
-        procs = [subprocess.Popen(cmd) for cmd in cmds]
+        procs = [subprocess.Popen(cmd, cwd=args.workdir) for cmd in cmds]
         failures += sum(p.wait() != 0 for p in procs) > 0
     return 1 if failures else 0
 
