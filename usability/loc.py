@@ -1,0 +1,106 @@
+"""Table 4: how many lines each model's Slapo schedule takes.
+
+    python -m usability.loc [--json PATH]
+
+Counts the *code lines* of every registered model schedule (``slapo.model_schedule``): lines
+holding Python tokens, without blank lines, comments, docstrings and imports. A recipe module
+may register two families (``bert.py``: bert and roberta; ``gpt2.py``: gpt2 and gpt_neo); their
+lines are counted once and both families list the module. The shared helpers
+(``common.py``) are counted once, in a row of their own, since every recipe calls them the way
+the paper's schedules call primitives. The paper's counts (Table 4) are listed beside; they
+count condensed ``.schedule`` pseudo-code with another rule (every line minus those containing
+"for"), so they are a reference, not the same measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import io
+import json
+import sys
+import tokenize
+from pathlib import Path
+from typing import Dict, List, Set
+
+__all__ = ["code_lines", "table", "PAPER_LOC"]
+
+# Table 4 of the paper (artifact README; ``wrn`` = wideresnet, ``gpt`` = GPT-Neo's schedule).
+PAPER_LOC = {"bert": 21, "roberta": 21, "t5": 11, "wideresnet": 12, "llama": 11, "opt": 10,
+             "gpt_neo": 10}
+
+_SKIP_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
+                tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER}
+
+
+def _excluded_lines(tree: ast.Module) -> Set[int]:
+    """Lines of docstrings and import statements."""
+    out: Set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update(range(node.lineno, node.end_lineno + 1))
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) \
+                and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            out.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return out
+
+
+def code_lines(source: str) -> int:
+    """Lines of ``source`` that hold code (module docs)."""
+    excluded = _excluded_lines(ast.parse(source))
+    lines: Set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in _SKIP_TOKENS:
+            lines.update(ln for ln in range(tok.start[0], tok.end[0] + 1) if ln not in excluded)
+    return len(lines)
+
+
+def table() -> List[Dict[str, object]]:
+    """One row per registered family (module, code lines, families sharing the module, the
+    paper's count), then the shared helpers."""
+    from slapo.model_schedule import common, registry
+
+    by_module: Dict[str, List[str]] = {}
+    for name in registry.list_model_schedules():
+        path = inspect.getsourcefile(registry._SCHEDULES[name].recipe)
+        by_module.setdefault(path, []).append(name)
+    rows = []
+    for path, names in sorted(by_module.items(), key=lambda kv: kv[1][0]):
+        lines = code_lines(Path(path).read_text())
+        for name in names:
+            rows.append(dict(family=name, module=f"slapo/model_schedule/{Path(path).name}",
+                             lines=lines, shared_with=[n for n in names if n != name],
+                             paper=PAPER_LOC.get(name)))
+    common_path = Path(inspect.getsourcefile(common))
+    rows.append(dict(family="(shared helpers)", module=f"slapo/model_schedule/{common_path.name}",
+                     lines=code_lines(common_path.read_text()), shared_with=["all"],
+                     paper=None))
+    return rows
+
+
+def markdown(rows: List[Dict[str, object]]) -> str:
+    out = ["| family | recipe module | code lines | module shared with | paper (Table 4) |",
+           "|---|---|---:|---|---:|"]
+    for r in rows:
+        out.append(f"| {r['family']} | `{r['module']}` | {r['lines']} | "
+                   f"{', '.join(r['shared_with']) or '-'} | "
+                   f"{'-' if r['paper'] is None else r['paper']} |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", help="also write the rows as JSON here")
+    args = p.parse_args(argv)
+    rows = table()
+    print(markdown(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
