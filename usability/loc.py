@@ -5,8 +5,8 @@
 Counts the *code lines* of every registered model schedule (``slapo.model_schedule``): lines
 holding Python tokens, without blank lines, comments, docstrings and imports. A recipe module
 may register two families (``bert.py``: bert and roberta; ``gpt2.py``: gpt2 and gpt_neo); their
-lines are counted once and both families list the module. The shared helpers
-(``common.py``) are counted once, in a row of their own, since every recipe calls them the way
+lines are counted once and both families list the module. The shared helpers (``common.py``,
+``checkpointing.py``) are counted once, in rows of their own, since the recipes call them the way
 the paper's schedules call primitives. The paper's counts (Table 4) are listed beside; they
 count condensed ``.schedule`` pseudo-code with another rule (every line minus those containing
 "for"), so they are a reference, not the same measurement.
@@ -59,14 +59,16 @@ def code_lines(source: str) -> int:
 
 
 def table() -> List[Dict[str, object]]:
-    """One row per registered family (module, code lines, families sharing the module, the
+    """One row per built-in family (module, code lines, families sharing the module, the
     paper's count), then the shared helpers."""
-    from slapo.model_schedule import common, registry
+    from slapo.model_schedule import checkpointing, common, registry
 
+    package = Path(inspect.getsourcefile(common)).parent
     by_module: Dict[str, List[str]] = {}
     for name in registry.list_model_schedules():
         path = inspect.getsourcefile(registry._SCHEDULES[name].recipe)
-        by_module.setdefault(path, []).append(name)
+        if Path(path).parent == package:  # the built-in recipes (not ones a user registered)
+            by_module.setdefault(path, []).append(name)
     rows = []
     for path, names in sorted(by_module.items(), key=lambda kv: kv[1][0]):
         lines = code_lines(Path(path).read_text())
@@ -74,10 +76,10 @@ def table() -> List[Dict[str, object]]:
             rows.append(dict(family=name, module=f"slapo/model_schedule/{Path(path).name}",
                              lines=lines, shared_with=[n for n in names if n != name],
                              paper=PAPER_LOC.get(name)))
-    common_path = Path(inspect.getsourcefile(common))
-    rows.append(dict(family="(shared helpers)", module=f"slapo/model_schedule/{common_path.name}",
-                     lines=code_lines(common_path.read_text()), shared_with=["all"],
-                     paper=None))
+    for mod in (common, checkpointing):
+        path = Path(inspect.getsourcefile(mod))
+        rows.append(dict(family="(shared helpers)", module=f"slapo/model_schedule/{path.name}",
+                         lines=code_lines(path.read_text()), shared_with=["all"], paper=None))
     return rows
 
 

@@ -7,68 +7,20 @@ non-causal, as HF). TP: heads (``attention``), MLP ``ffn`` (column) / ``ffn_outp
 vocab-parallel word embedding and tied ``predictions.decoder`` (logits all-gathered for HF's
 masked-LM loss). Checkpointing: the layer group is *called* L times; exactly the calls
 ``checkpoint_layer_ids(L, ckpt_ratio)`` are recomputed (all calls: ``checkpoint()`` on the
-group; some: :class:`CheckpointCalls`).
+group; some: :class:`~slapo.model_schedule.checkpointing.CheckpointCalls`).
 """
 
 from __future__ import annotations
 
-from typing import Any, FrozenSet, List
+from typing import Any
 
-import torch
-
-from ..forward_wrap import install_forward_wrapper
-from ..primitives.checkpoint import CheckpointForward
 from ..schedule import Schedule
 from . import common as C
-from .config import ScheduleConfig, checkpoint_layer_ids
+from .checkpointing import checkpoint_shared_layers
+from .config import ScheduleConfig
 from .registry import register_model_schedule
 
 PLAN = C.LayerPlan(attn="attention", column=("ffn",), row="ffn_output")
-
-
-class CheckpointCalls:
-    """Forward wrapper: checkpoint only the ``calls``-th calls (0-based) of a module that one
-    model forward calls several times; :class:`ResetCalls` restarts the count per forward."""
-
-    def __init__(self, calls: FrozenSet[int], path: str):
-        self.calls, self.count = frozenset(calls), 0
-        self.checkpoint = CheckpointForward(path)
-
-    def __call__(self, inner: Any, *args: Any, **kwargs: Any) -> Any:
-        index, self.count = self.count, self.count + 1
-        if index in self.calls and torch.is_grad_enabled():
-            return self.checkpoint(inner, *args, **kwargs)
-        return inner(*args, **kwargs)
-
-
-class ResetCalls:
-    """Forward pre-hook of the module that makes the calls: restart every counter."""
-
-    def __init__(self, wrappers: List[CheckpointCalls]):
-        self.wrappers = wrappers
-
-    def __call__(self, module: Any, args: Any) -> None:
-        for w in self.wrappers:
-            w.count = 0
-
-
-def checkpoint_shared_layers(sch: Schedule, encoder: str, num_layers: int, ratio: float) -> None:
-    """Checkpoint the calls ``checkpoint_layer_ids(num_layers, ratio)`` of the layer groups (HF
-    calls group ``int(i / (L / G))`` for layer ``i``)."""
-    groups = C.layer_paths(sch, C.join(encoder, "albert_layer_groups"))
-    ids = checkpoint_layer_ids(num_layers, ratio)
-    per_group = num_layers // len(groups)
-    wrappers = []
-    for g, path in enumerate(groups):
-        calls = frozenset(i - g * per_group for i in ids if i // per_group == g)
-        if len(calls) == per_group:
-            sch[path].checkpoint()
-        elif calls:
-            wrappers.append(CheckpointCalls(calls, path))
-            install_forward_wrapper(sch[path].mod, "checkpoint", wrappers[-1])
-            sch[path].metadata["checkpoint"] = sorted(calls)
-    if wrappers:
-        sch[encoder].mod.register_forward_pre_hook(ResetCalls(wrappers))
 
 
 @register_model_schedule("albert", extra_knobs=("example_inputs",))

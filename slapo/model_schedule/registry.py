@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import ConfigError, RegistryError
 from ..schedule import Schedule, create_schedule
-from .config import ScheduleConfig, make_config
+from .config import make_config
 
 __all__ = ["register_model_schedule", "apply_schedule", "list_model_schedules"]
 

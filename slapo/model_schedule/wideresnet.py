@@ -21,50 +21,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import nn
 
-from ..activation_checkpoint import checkpoint as rng_exact_checkpoint
 from ..errors import ConfigError
 from ..forward_wrap import install_forward_wrapper
 from ..op.conv_bn import fuse_conv_bn, fuse_conv_bn_split
 from ..schedule import Schedule
 from . import common as C
+from .checkpointing import BufferSafeCheckpoint
 from .config import ScheduleConfig, checkpoint_layer_ids
 from .registry import register_model_schedule
-
-
-class _RestoreBuffersOnRecompute:
-    """Calls ``fn``; every later call (the recomputation) leaves ``module``'s buffers as they
-    were, so BatchNorm running statistics are updated once per forward, as without
-    checkpointing."""
-
-    def __init__(self, fn: Any, module: nn.Module):
-        self.fn, self.module, self.calls = fn, module, 0
-
-    def __call__(self, *args: Any) -> Any:
-        self.calls += 1
-        if self.calls == 1:
-            return self.fn(*args)
-        saved = [(b, b.detach().clone()) for b in self.module.buffers()]
-        try:
-            return self.fn(*args)
-        finally:
-            with torch.no_grad():
-                for b, value in saved:
-                    b.copy_(value)
-
-
-class BufferSafeCheckpoint:
-    """Forward wrapper: RNG-exact activation checkpointing that keeps buffers exact."""
-
-    def __init__(self, module: nn.Module):
-        self.module = module
-
-    def __call__(self, inner: Any, x: torch.Tensor) -> torch.Tensor:
-        if not torch.is_grad_enabled():
-            return inner(x)
-        return rng_exact_checkpoint(_RestoreBuffersOnRecompute(inner, self.module), x)
 
 
 def check_eval_mode(sch: Schedule) -> None:
