@@ -6,7 +6,9 @@ the kernel on ``free``; its heap is also trimmed whenever the free top exceeds t
 threshold*. A training step allocates and frees the same activation buffers (megabytes each)
 every iteration, so every step pays a page fault and the kernel's zeroing of every 4 KiB page
 of every activation again: measured on the benchmark's 4-layer GPT-Neo (seq 1024, 2 cores)
-as 90k-290k minor faults and 0.3-0.9 s of system time per step.
+as 90k-290k minor faults and 0.3-0.9 s of system time per step. glibc does raise its thresholds
+by itself after freeing mapped chunks, but whether a process ends up reusing or re-faulting
+depends on its heap layout: the same 20-step script saw 10k or 160k faults from run to run.
 
 :func:`keep_freed_memory` sets both thresholds so that buffers up to ``mmap_threshold`` are
 carved from the heap and stay there after ``free``: the next step reuses them without a fault
