@@ -107,7 +107,7 @@ def spec_from_args(args: argparse.Namespace, world_size: int):
 def _import_runtime(mode: str) -> None:
     """Import the mode's framework before the memory baseline (its code is not model memory)."""
     if mode.endswith("deepspeed"):
-        from slapo.compat.deepspeed_startup import import_deepspeed
+        from slapo.dialects.compat.deepspeed_startup import import_deepspeed
 
         import_deepspeed()
     elif mode.endswith("megatron"):
@@ -184,7 +184,7 @@ def _claim_row(run_id: int) -> bool:
         try:
             store = dist.distributed_c10d._get_default_store()
             return store.add(f"end2end.bench/row/{run_id}", 1) == 1
-        except Exception:  # pragma: no cover - no store reachable: fall back to rank 0
+        except Exception:  # noqa: BLE001  (no store reachable: fall back to rank 0)
             pass
     return int(os.environ.get("RANK", "0")) == 0
 
@@ -197,7 +197,7 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
     """Build, warm up, time; returns the row's metric fields (collective over all ranks)."""
     import torch
 
-    from slapo.distributed import init_distributed
+    from slapo.runtime.distributed import init_distributed
 
     from .flops import measure_gemm_flops, mfu, tflops_per_rank, train_flops_per_sample
     from .measure import (PeakMemory, StepTimer, all_reduce_float, local_parameters,
@@ -262,7 +262,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     Callable several times in one process group (tests); each call writes exactly one row.
     """
-    from slapo.distributed import init_distributed, teardown
+    from slapo.runtime.distributed import init_distributed, teardown
 
     from .measure import is_oom
 
@@ -278,7 +278,7 @@ def run_bench(args: argparse.Namespace) -> int:
         extra["loadavg_start"] = list(os.getloadavg())
         values = _measure(spec, _layout(spec), args, extra)
         status, error = "ok", ""
-    except Exception as exc:  # every failure becomes a row (MemoryError included)
+    except Exception as exc:  # noqa: BLE001  (every failure becomes a row)
         status = "oom" if is_oom(exc) else "fail"
         error = f"rank {rank}: {type(exc).__name__}: {exc}"
         extra["traceback"] = traceback.format_exc()

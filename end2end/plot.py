@@ -98,7 +98,7 @@ def _model_label(name: str) -> str:
         from .models import get_model_spec
 
         return get_model_spec(name).label
-    except Exception:
+    except (ImportError, LookupError):  # no torch here, or a model not in the zoo
         return name
 
 
@@ -110,7 +110,7 @@ def speedups(table: Table) -> List[Tuple[str, int, str, str, float]]:
         for n in sorted(per_n):
             cells = per_n[n]
 
-            def thr(impl: str) -> Optional[float]:
+            def thr(impl: str, cells=cells) -> Optional[float]:
                 cell = cells.get(impl)
                 return cell.thrpt if cell else None
 

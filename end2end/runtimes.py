@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch import nn
 
 import slapo
-from slapo.distributed import init_distributed, teardown
+from slapo.runtime.distributed import init_distributed, teardown
 from slapo.errors import ConfigError
 
 __all__ = ["MODES", "Runner", "ModelSchedule", "make_runner", "hf_model_from_config",
@@ -296,7 +296,7 @@ def _pipeline_runner(mode: str, sch: slapo.Schedule, stages: int, optimizer: Cal
                      num_microbatches: int, deepspeed_config: Optional[Dict[str, Any]],
                      dtype: Optional[torch.dtype]) -> Runner:
     """The pipelined ``slapo`` / ``slapo-deepspeed`` runner (see the module docstring)."""
-    from slapo.pipeline import CUTS_KEY
+    from slapo.pipeline.stages import CUTS_KEY
 
     cuts = list(sch.metadata.get(CUTS_KEY) or [])
     if len(cuts) + 1 != stages:

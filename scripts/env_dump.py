@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from end2end.env import env_dump, format_env  # noqa: E402
+from end2end.env import env_dump, format_env
 
 
 def main(argv=None) -> int:

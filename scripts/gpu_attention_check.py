@@ -75,7 +75,7 @@ def run_case(case: str, kwargs: Dict, args: argparse.Namespace) -> List[Dict]:
         q, k, v = leaves(torch.bfloat16)
         d = dout.to(torch.bfloat16)
 
-        def step():
+        def step(q=q, k=k, v=v, d=d, backend=backend):
             for t in (q, k, v):
                 t.grad = None
             out = (attention_reference(q, k, v, **kwargs) if backend == "eager"

@@ -10,7 +10,7 @@ their path, and ``build`` returns an ordinary ``nn.Module``::
 """
 
 from . import primitives as _primitives  # noqa: F401  (registers the built-in primitives)
-from .activation_checkpoint import checkpoint
+from . import sharding  # public: slapo.sharding.check_layouts, ...
 from .build import build
 from .errors import (
     AnnotateError,
@@ -32,18 +32,18 @@ from .errors import (
     VerifyError,
 )
 from .history import Deferred, History, HistoryEntry
-from .pattern import Subgraph, call_module
-from .checkpoint_io import load_checkpoint, save_checkpoint
-from .cpu_allocator import keep_freed_memory
-from .init import init_empty_weights, materialize
 from .primitives.registry import Primitive, list_primitives, register_primitive
-from .rng import get_rng_tracker, is_random_seed_set, set_random_seed
+from .runtime.activation_checkpoint import checkpoint
+from .runtime.cpu_allocator import keep_freed_memory
+from .runtime.rng import get_rng_tracker, is_random_seed_set, set_random_seed
 from .schedule import Schedule, create_schedule
-from . import sharding  # noqa: F401  (slapo.sharding.check_layouts, ...)
 from .sharding import check_layouts, reduce_replicated_grads
-from .explain import explain
-from .verify import Verify, VerifyReport, verify
-from .verify_rules import Problem, check_schedule
+from .trace.pattern import Subgraph, call_module
+from .verification.explain import explain
+from .verification.rules import Problem, check_schedule
+from .verification.verify import Verify, VerifyReport, verify
+from .weights.checkpoint_io import load_checkpoint, save_checkpoint
+from .weights.delayed_init import init_empty_weights, materialize
 
 __version__ = "0.1.0"
 

@@ -8,7 +8,7 @@ import torch
 
 from .dialects import get_dialect
 from .errors import BuildError
-from .init import InitFn, materialize
+from .weights.delayed_init import InitFn, materialize
 from .schedule import Schedule
 
 __all__ = ["build"]
@@ -33,8 +33,8 @@ def build(
             shards are allocated. Real tensors are never re-initialised.
         device: where meta tensors are materialised (default: CUDA when available, else CPU).
         init_seed: base seed of delayed initialisation; the module at ``path`` is initialised
-            under ``slapo.init.module_seed(init_seed, path)``, so values do not depend on the
-            tensor-parallel degree (see ``slapo.init.materialize``).
+            under ``module_seed(init_seed, path)``, so values do not depend on the tensor-parallel
+            degree (see :func:`slapo.weights.delayed_init.materialize`).
         **kwargs: options of the target (e.g. ``optimizer=`` for ``torch``; with pipeline cuts
             also ``n_microbatches=``, ``pipeline_schedule=``, ``loss_fn=``).
 
@@ -58,7 +58,8 @@ def build(
     if unknown:
         raise BuildError(
             f"target '{dialect.name}' does not take option(s) {', '.join(unknown)}",
-            call="build", path=sch.path, hint=f"its options are: {', '.join(dialect.options) or 'none'}",
+            call="build", path=sch.path,
+            hint=f"its options are: {', '.join(dialect.options) or 'none'}",
         )
     model = materialize(sch, init_weights, device=device, seed=init_seed)
     return dialect.build(sch, model, **kwargs)

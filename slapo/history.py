@@ -76,8 +76,11 @@ _LITERALS = (type(None), bool, int, float, complex, str, bytes)
 class History:
     """Ordered list of :class:`HistoryEntry`, with code rendering and replay."""
 
-    def __init__(self) -> None:
+    def __init__(self, new_schedule: Callable[..., Any]) -> None:
+        """``new_schedule(model, group=...)`` creates the schedule a replay applies the calls to
+        (``slapo.create_schedule``; passed in so that this record sits below the schedule)."""
         self.entries: List[HistoryEntry] = []
+        self._new_schedule = new_schedule
 
     # ------------------------------------------------------------------ recording
     def prepare(self, path: str, primitive: str, args: tuple, kwargs: dict) -> HistoryEntry:
@@ -175,9 +178,7 @@ class History:
 
         Module arguments are deep-copied again, so one history can be replayed many times.
         """
-        from .schedule import create_schedule
-
-        sch = create_schedule(model, group=group)
+        sch = self._new_schedule(model, group=group)
 
         def resolve(value: Any) -> Any:
             if isinstance(value, Deferred):

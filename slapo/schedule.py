@@ -61,7 +61,8 @@ class Schedule:
         self.metadata: Dict[str, Any] = {}
         self._children: Dict[str, Schedule] = {}
         self._depth = 0  # nesting level of primitive calls (root only)
-        self._history: Optional[History] = History() if parent is None else None
+        self._history: Optional[History] = (History(create_schedule) if parent is None
+                                            else None)
         self._param_tags: set = set()  # used on the root only
         self.original: Optional[nn.Module] = None  # see create_schedule(keep_original=True)
 

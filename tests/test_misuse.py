@@ -26,7 +26,7 @@ def test_single_process_misuse(primitive, description, fn):
 def test_two_rank_misuse():
     results = run_distributed(run_tp_cases, 2)
     for rank_results in results:
-        for (primitive, description, _), result in zip(TP_CASES, rank_results):
+        for (_primitive, description, _), result in zip(TP_CASES, rank_results):
             _assert_good_error(*result, description)
 
 

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from slapo.dialects.megatron import initialize_megatron
-from slapo.distributed import pick_device
+from slapo.runtime.distributed import pick_device
 from slapo.errors import ConfigError
 
 __all__ = ["build_megatron_model", "megatron_loss_fn", "transformer_config", "family_of"]

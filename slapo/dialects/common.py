@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..distributed import default_timeout
+from ..runtime.distributed import default_timeout
 from ..errors import BuildError
 from ..sharding.spec import get_shard_spec
 
@@ -66,7 +66,7 @@ def pipeline_groups(sch, model: nn.Module, num_stages: int, target: str):
         BuildError: the world is not a multiple of tp x stages; the schedule's group is not this
             rank's block of consecutive ranks; a model sharded over the whole world.
     """
-    from ..distributed import init_distributed, register_teardown
+    from ..runtime.distributed import init_distributed, register_teardown
     from .layout import ParallelLayout, _reset_groups, create_groups
 
     env = init_distributed()

@@ -16,13 +16,13 @@ DeepSpeed's usual loop::
 * ``optimizer``: a torch optimizer or a factory ``fn(params)``. When neither it nor the config's
   ``optimizer`` section is given, ``torch.optim.AdamW`` is used. A config ``Adam``/``AdamW``
   section gets ``torch_adam: true``. Either way no DeepSpeed op is compiled
-  (see :mod:`slapo.compat.deepspeed_startup`).
+  (see :mod:`slapo.dialects.compat.deepspeed_startup`).
 * ``mpu``: DeepSpeed's model-parallel unit. When the model has tensor-parallel shards and no
   ``mpu`` is given, one is derived from the schedule's group: the tensor-parallel group is
   ``sch.group`` and the data-parallel group (over which ZeRO partitions) is the ranks with the same
   tensor-parallel rank.
 
-Process groups and the device come from :mod:`slapo.distributed` (gloo on CPU, NCCL on GPU).
+Process groups and the device come from :mod:`slapo.runtime.distributed` (gloo on CPU, NCCL on GPU).
 
 With pipeline cuts the model becomes a DeepSpeed ``PipelineModule`` trained with
 ``engine.train_batch()``; two more options apply: ``loss_fn`` (DeepSpeed's ``fn(outputs, labels)``)
@@ -36,8 +36,8 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 import torch.distributed as dist
 from torch import nn
 
-from ..compat.deepspeed_startup import import_deepspeed, init_deepspeed_comm, no_build_config
-from ..distributed import default_timeout, init_distributed
+from .compat.deepspeed_startup import import_deepspeed, init_deepspeed_comm, no_build_config
+from ..runtime.distributed import default_timeout, init_distributed
 from ..errors import BuildError
 from .common import (
     OptimizerArg,

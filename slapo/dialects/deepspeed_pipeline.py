@@ -50,7 +50,7 @@ from torch import nn
 
 from ..errors import BuildError
 from ..pipeline import build_pipeline_stages, tied_parameters
-from ..pipeline_runner import _model_loss
+from ..pipeline.runner import _model_loss
 from ..primitives.module_checks import closest
 from .layout import LayoutGroups
 
@@ -270,9 +270,9 @@ def build_deepspeed_pipeline(sch, model: nn.Module, config: Dict[str, Any], opti
     Raises:
         BuildError: ZeRO stage 2/3; unknown ``input_names``; the world does not fit the stages.
     """
-    from ..compat.deepspeed_startup import import_deepspeed, init_deepspeed_comm
-    from ..distributed import default_timeout, init_distributed
-    from ..pipeline_memory import release_other_stages
+    from .compat.deepspeed_startup import import_deepspeed, init_deepspeed_comm
+    from ..runtime.distributed import default_timeout, init_distributed
+    from ..pipeline.memory import release_other_stages
     from .common import has_tp_shards, make_optimizer, pipeline_groups, \
         tag_tensor_parallel_params
 

@@ -22,7 +22,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 
-from ..distributed import default_timeout
+from ..runtime.distributed import default_timeout
 from ..errors import BuildError
 
 __all__ = ["Coords", "ParallelLayout", "LayoutGroups", "create_groups"]

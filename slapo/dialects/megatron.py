@@ -15,7 +15,7 @@ A Slapo tensor-parallel model and a native megatron-core model run under the sam
   (Without that call, ``build`` initialises megatron with TP = the schedule's group size, which
   must then be the whole world.)
 * RNG: ``model_parallel_cuda_manual_seed`` (megatron's tracker; on CPU through the shim of
-  :mod:`slapo.compat.megatron_cpu`) plus Slapo's own tracker (``fork_rng``), seeded alike.
+  :mod:`slapo.dialects.compat.megatron_cpu`) plus Slapo's own tracker (``fork_rng``), seeded alike.
 * the step: megatron's ``get_forward_backward_func()`` with a forward-step function that runs
   ``loss_fn(model, micro_batch)``, then a data-parallel gradient all-reduce (megatron's
   ``finalize_model_grads_func`` hook), then the optimizer.
@@ -33,9 +33,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..distributed import default_timeout, init_distributed, register_teardown
+from ..runtime.distributed import default_timeout, init_distributed, register_teardown
 from ..errors import BuildError, ConfigError
-from ..rng import set_random_seed
+from ..runtime.rng import set_random_seed
 from .common import OptimizerArg, make_optimizer, reject_pipeline_cuts, tp_ranks
 from .registry import Dialect, register_dialect
 
@@ -59,11 +59,11 @@ def initialize_megatron(tensor_model_parallel_size: Optional[int] = None, *,
                         seed: int = 1234) -> dist.ProcessGroup:
     """Set up megatron-core's parallel state and RNG; return its tensor-parallel group.
 
-    Initialises ``torch.distributed`` if needed (:func:`slapo.distributed.init_distributed`),
-    applies the CPU shim when no GPU is used, calls ``initialize_model_parallel`` (TP =
-    ``tensor_model_parallel_size``, default the world size; the rest is data parallelism) and
-    seeds megatron's and Slapo's RNG trackers with ``seed``. A second call with the same size
-    returns the existing group.
+    Initialises ``torch.distributed`` if needed
+    (:func:`slapo.runtime.distributed.init_distributed`), applies the CPU shim when no GPU is used,
+    calls ``initialize_model_parallel`` (TP = ``tensor_model_parallel_size``, default the world
+    size; the rest is data parallelism) and seeds megatron's and Slapo's RNG trackers with
+    ``seed``. A second call with the same size returns the existing group.
 
     Raises:
         ConfigError: the world size is not a multiple of the tensor-parallel size.
@@ -72,7 +72,7 @@ def initialize_megatron(tensor_model_parallel_size: Optional[int] = None, *,
     env = init_distributed()
     ps = _parallel_state()
     if env.device.type == "cpu":
-        from ..compat.megatron_cpu import apply_megatron_cpu_shim
+        from .compat.megatron_cpu import apply_megatron_cpu_shim
 
         apply_megatron_cpu_shim()
     tp = tensor_model_parallel_size or env.world_size
@@ -85,7 +85,7 @@ def initialize_megatron(tensor_model_parallel_size: Optional[int] = None, *,
             raise BuildError(
                 f"megatron is already initialised with tensor-parallel size "
                 f"{ps.get_tensor_model_parallel_world_size()}, not {tp}",
-                call="initialize_megatron", hint="call slapo.distributed.teardown() first")
+                call="initialize_megatron", hint="call slapo.runtime.distributed.teardown() first")
         return ps.get_tensor_model_parallel_group()
     minutes = max(1, int(default_timeout().total_seconds() // 60))
     ps.initialize_model_parallel(tensor_model_parallel_size=tp,
@@ -99,7 +99,7 @@ def initialize_megatron(tensor_model_parallel_size: Optional[int] = None, *,
 
 
 def _destroy_megatron() -> None:
-    from ..compat.megatron_cpu import remove_megatron_cpu_shim
+    from .compat.megatron_cpu import remove_megatron_cpu_shim
 
     _parallel_state().destroy_model_parallel()
     remove_megatron_cpu_shim()

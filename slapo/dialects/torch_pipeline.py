@@ -27,7 +27,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..pipeline import build_pipeline_stages
-from ..pipeline_runner import PipelineRunner, _model_loss
+from ..pipeline.runner import PipelineRunner, _model_loss
 from .common import OptimizerArg, make_optimizer, pipeline_groups
 from .layout import LayoutGroups
 
@@ -161,7 +161,7 @@ def build_torch_pipeline(sch, model: nn.Module, *, optimizer: OptimizerArg,
         BuildError: the world does not fit the stages (see ``common.pipeline_groups``).
         PipelineError: the stages cannot be built (see ``build_pipeline_stages``).
     """
-    from ..distributed import init_distributed
+    from ..runtime.distributed import init_distributed
 
     n_micro = 1 if n_microbatches is None else n_microbatches
     if not isinstance(n_micro, int) or isinstance(n_micro, bool) or n_micro < 1:

@@ -15,8 +15,8 @@ from typing import Any, FrozenSet, List
 import torch
 from torch import nn
 
-from ..activation_checkpoint import checkpoint as rng_exact_checkpoint
-from ..forward_wrap import install_forward_wrapper
+from ..runtime.activation_checkpoint import checkpoint as rng_exact_checkpoint
+from ..runtime.forward_wrap import install_forward_wrapper
 from ..primitives.checkpoint import CheckpointForward
 from ..schedule import Schedule
 from . import common as C

@@ -20,7 +20,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from torch import nn
 
 from ..errors import ConfigError
-from ..init import init_empty_weights
+from ..weights.delayed_init import init_empty_weights
 from ..schedule import Schedule
 from ..sharding.sequence_parallel import (gather_sequence, mark_replicated,
                                           reduce_scatter_sequence)
@@ -29,8 +29,8 @@ from .config import ScheduleConfig, checkpoint_layer_ids
 __all__ = [
     "TPMode", "backbone", "join", "layer_paths", "disable_kv_cache", "tp_mode",
     "replace_attention", "replace_mlp", "native_gelu", "sdpa_masks", "column_parallel",
-    "row_parallel", "shard_attention", "shard_mlp", "shard_embedding", "shard_lm_head", "sequence_parallel_region",
-    "LayerPlan", "schedule_layers", "checkpoint_layers", "cut_pipeline",
+    "row_parallel", "shard_attention", "shard_mlp", "shard_embedding", "shard_lm_head",
+    "sequence_parallel_region", "LayerPlan", "schedule_layers", "checkpoint_layers", "cut_pipeline",
 ]
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import ConfigError
-from ..forward_wrap import install_forward_wrapper
+from ..runtime.forward_wrap import install_forward_wrapper
 from ..op.conv_bn import fuse_conv_bn, fuse_conv_bn_split
 from ..schedule import Schedule
 from . import common as C

@@ -28,7 +28,8 @@ Parameter names change (``query`` / ``c_attn`` / ``o_proj`` ... become ``q_proj`
 ``v_proj`` or ``qkv_proj``, and ``out_proj``); :func:`~slapo.op.self_attention.split_qkv` maps a
 fused weight or gradient back, and every adapter records that mapping on the new module
 (:mod:`slapo.provenance`), so ``slapo.verify`` compares them with the HF parameters. KV caches
-passed by HF (``cache`` / ``layer_past``) are updated as HF does. ``output_attentions=True`` cannot be honoured by SDPA; the weights slot is ``None``.
+passed by HF (``cache`` / ``layer_past``) are updated as HF does. ``output_attentions=True``
+cannot be honoured by SDPA; the weights slot is ``None``.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from ..activation_checkpoint import checkpoint as rng_exact_checkpoint
+from ..runtime.activation_checkpoint import checkpoint as rng_exact_checkpoint
 from ..errors import CheckpointError
-from ..forward_wrap import has_forward_wrapper, install_forward_wrapper
+from ..runtime.forward_wrap import has_forward_wrapper, install_forward_wrapper
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
 
@@ -54,7 +54,7 @@ class Checkpoint(Primitive):
         slapo's RNG streams), so positional and keyword arguments both work and dropout draws
         the same masks when recomputed. The module stays where it is: paths, hooks and
         ``state_dict`` keys are unchanged. Subgraph form (on a traced module): the subgraph is
-        moved into a new submodule that is checkpointed; see :mod:`slapo.tracer`.
+        moved into a new submodule that is checkpointed; see :mod:`slapo.trace.tracer`.
 
         Before: activations of the module are kept for backward. After: only its inputs are.
 

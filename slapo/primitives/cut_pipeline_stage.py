@@ -6,7 +6,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import PipelineError
-from ..pipeline import CUTS_KEY
+from ..pipeline.stages import CUTS_KEY
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
 

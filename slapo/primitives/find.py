@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import torch.fx as fx
 
 from ..errors import PatternError
-from ..pattern import (PatternLike, SubgraphList, find_nodes, find_subgraphs, graph_modules,
+from ..trace.pattern import (PatternLike, SubgraphList, find_nodes, find_subgraphs, graph_modules,
                        validate_pattern)
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
@@ -32,11 +32,11 @@ class Find(Primitive):
 
         ``pattern``: a regex on called module names (``re.match`` on the ``call_module``
         target relative to its traced parent), or a pattern function / ``nn.Module`` matched
-        by data edges (see :mod:`slapo.pattern`). ``where``: a node predicate (alone, or to
+        by data edges (see :mod:`slapo.trace.pattern`). ``where``: a node predicate (alone, or to
         filter the matches' output nodes). Every GraphModule at or below this node is
         searched (outermost first).
 
-        Returns a list of :class:`slapo.pattern.Subgraph` in graph order (non-overlapping),
+        Returns a list of :class:`slapo.trace.pattern.Subgraph` in graph order (non-overlapping),
         accepted by ``replace``/``checkpoint``/``fuse``; the list and each item record
         themselves in the history as this ``find`` call, so a replay finds them again.
 

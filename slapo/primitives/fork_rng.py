@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..errors import PrimitiveError
-from ..forward_wrap import has_forward_wrapper, install_forward_wrapper
-from ..rng import MODEL_PARALLEL_RNG, get_rng_tracker
+from ..runtime.forward_wrap import has_forward_wrapper, install_forward_wrapper
+from ..runtime.rng import MODEL_PARALLEL_RNG, get_rng_tracker
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
 

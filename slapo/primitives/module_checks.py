@@ -8,7 +8,7 @@ from typing import Iterable, List, Optional
 
 from torch import nn
 
-from ..forward_wrap import base_forward
+from ..runtime.forward_wrap import base_forward
 
 __all__ = ["closest", "forward_signature", "signature_mismatch", "format_call"]
 

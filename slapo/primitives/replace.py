@@ -8,39 +8,11 @@ from typing import Any, Callable, Dict, Optional, Union
 from torch import nn
 
 from ..errors import ReplaceError
+from ..runtime.forward_wrap import move_hooks
 from .module_checks import format_call, signature_mismatch
 from .registry import Primitive, register_primitive
 
-__all__ = ["Replace", "move_hooks"]
-
-# Hook dictionaries of nn.Module that belong to "how the module is called" and must follow the
-# position, not the object. The dict objects themselves are moved so that existing
-# RemovableHandles keep working.
-_HOOK_DICTS = (
-    "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs",
-    "_forward_hooks",
-    "_forward_hooks_with_kwargs",
-    "_forward_hooks_always_called",
-    "_backward_pre_hooks",
-    "_backward_hooks",
-)
-
-
-def move_hooks(old: nn.Module, new: nn.Module) -> None:
-    """Move every forward/backward hook of ``old`` onto ``new`` (keeping ``new``'s own)."""
-    for attr in _HOOK_DICTS:
-        old_d, new_d = getattr(old, attr, None), getattr(new, attr, None)
-        if old_d is None or new_d is None or not old_d:
-            continue
-        old_d.update(new_d)  # new's hooks run after the moved ones
-        object.__setattr__(new, attr, old_d)
-        object.__setattr__(old, attr, type(old_d)())
-    if getattr(old, "_is_full_backward_hook", None) is not None and old._backward_hooks == {}:
-        new._is_full_backward_hook = getattr(new, "_is_full_backward_hook", None) or getattr(
-            old, "_is_full_backward_hook", None
-        )
-
+__all__ = ["Replace"]
 
 @register_primitive
 class Replace(Primitive):
@@ -65,7 +37,7 @@ class Replace(Primitive):
         the forward signatures unless ``check_signature=False``).
 
         Subgraph (``subgraph`` from ``find`` on a traced module): the subgraph's nodes are
-        replaced by one call of ``new`` (a module or a function); see :mod:`slapo.tracer`.
+        replaced by one call of ``new`` (a module or a function); see :mod:`slapo.trace.tracer`.
 
         Before: ``sch[p].mod`` is the old module. After: ``sch[p].mod is new``.
 

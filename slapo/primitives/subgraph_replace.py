@@ -22,9 +22,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 import torch.fx as fx
 from torch import nn
 
-from ..activation_checkpoint import checkpoint as rng_exact_checkpoint
 from ..errors import ReplaceError
-from ..pattern import Subgraph
+from ..runtime.activation_checkpoint import checkpoint as rng_exact_checkpoint
+from ..runtime.forward_wrap import move_hooks
+from ..trace.pattern import Subgraph
 from .module_checks import format_call
 
 __all__ = ["replace_subgraph", "checkpoint_subgraph", "RegionModule", "extract_region",
@@ -228,8 +229,6 @@ def replace_subgraph(sch, new: Union[nn.Module, Callable], subgraph: Any,
                                hint="choose another name or leave name=None")
         target = name or _unique(gm, type(new).__name__)
         if len(items) == 1 and len(items[0].nodes) == 1 and items[0].nodes[0].op == "call_module":
-            from .replace import move_hooks
-
             move_hooks(gm.get_submodule(items[0].nodes[0].target), new)
         gm.add_module(target, new)
     first = min((s.output for s in items), key=list(gm.graph.nodes).index)
@@ -247,8 +246,9 @@ def replace_subgraph(sch, new: Union[nn.Module, Callable], subgraph: Any,
             s.output.replace_all_uses_with(item)
     _erase(gm, items, drop_modules=True)
     _finish(gm)
+    new_name = getattr(new, "__name__", type(new).__name__)
     sch.metadata.setdefault("replace", []).append(
-        f"{len(items)} subgraph(s) in '{owner.path}' -> {getattr(new, '__name__', type(new).__name__)}")
+        f"{len(items)} subgraph(s) in '{owner.path}' -> {new_name}")
     return new
 
 

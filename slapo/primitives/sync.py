@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional, Union
 from torch import nn
 
 from ..errors import SyncError
-from ..forward_wrap import base_forward, copy_forward_wrappers
+from ..runtime.forward_wrap import base_forward, copy_forward_wrappers
 from ..sharding.layout import PARTIAL, REPLICATED, Layout, SyncRecord, current_output, shard_info
 from ..sharding.rules import is_hf_conv1d
 from ..sharding.sync_ops import PostHook, PreHook, SyncOp

@@ -16,7 +16,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import TraceError
-from ..tracer import Inputs, has_wrappers, is_builtin_leaf, trace_module
+from ..trace.tracer import Inputs, has_wrappers, is_builtin_leaf, trace_module
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
 
@@ -48,7 +48,7 @@ def capture_inputs(root: nn.Module, target: nn.Module, example_inputs: Any, path
     The forward stops right after the capture (nothing after it runs) and the global RNG state
     is left untouched.
     """
-    from ..tracer import _detach
+    from ..trace.tracer import _detach
 
     got = []
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import nn
 
-from ..forward_wrap import has_forward_wrapper, install_forward_wrapper
+from ..runtime.forward_wrap import has_forward_wrapper, install_forward_wrapper
 
 __all__ = ["VocabParallelLookup", "make_vocab_parallel", "VOCAB_PARALLEL"]
 

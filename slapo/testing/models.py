@@ -83,7 +83,8 @@ _MODEL_CLASS = {
 
 
 class seeded:
-    """Context manager: ``torch.manual_seed(seed)`` inside, the previous RNG state restored after."""
+    """Context manager: ``torch.manual_seed(seed)`` inside, the previous RNG state restored
+    after."""
 
     def __init__(self, seed: int):
         self.seed = seed

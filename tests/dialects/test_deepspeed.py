@@ -76,7 +76,7 @@ def test_missing_deepspeed_gives_install_hint(monkeypatch):
 
 
 def test_no_build_config():
-    from slapo.compat.deepspeed_startup import no_build_config
+    from slapo.dialects.compat.deepspeed_startup import no_build_config
 
     cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
     out = no_build_config(cfg, torch_optimizer=False)

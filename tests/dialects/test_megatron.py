@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import slapo
-from slapo.distributed import teardown
+from slapo.runtime.distributed import teardown
 from slapo.testing import run_distributed
 
 from .reference import gpt, rank_batch, reference_losses, sgd, tp_schedule_gpt2
@@ -58,7 +58,7 @@ def test_megatron_tp2_and_dp2_match_single_process_reference():
 
 
 def test_megatron_cpu_shim_is_reversible():
-    from slapo.compat import megatron_cpu
+    from slapo.dialects.compat import megatron_cpu
 
     if torch.cuda.is_available():
         pytest.skip("the shim is only applied on CPU")

@@ -15,7 +15,7 @@ from slapo.dialects.deepspeed_pipeline import (
     pipeline_items,
 )
 from slapo.dialects.layout import ParallelLayout
-from slapo.distributed import teardown
+from slapo.runtime.distributed import teardown
 from slapo.pipeline import build_pipeline_stages
 from slapo.testing import example_inputs, run_distributed, tiny_model
 

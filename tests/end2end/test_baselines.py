@@ -7,7 +7,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from slapo.distributed import teardown
+from slapo.runtime.distributed import teardown
 from slapo.testing import example_inputs, run_distributed, tiny_config
 from tests.dialects.reference import tp_schedule_gpt2
 

@@ -2,8 +2,8 @@
 or on every rank of a TP group: outputs (gathered when sharded), and the gradient of every
 reference parameter -- including those the schedule renamed (op-library attention and MLPs:
 ``query`` -> ``q_proj``, fused ``qkv_proj``, GPT-2's Conv1D ``c_attn`` ...), rebuilt in the
-original layout from the op library's provenance records (:class:`slapo.verify_tools.DerivedParams`,
-what ``slapo.verify`` uses)."""
+original layout from the op library's provenance records
+(:class:`slapo.verification.tools.DerivedParams`, what ``slapo.verify`` uses)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch import nn
 from slapo.model_schedule import apply_schedule
 from slapo.sharding import reduce_replicated_grads
 from slapo.testing import example_inputs, tiny_model
-from slapo.verify_tools import DerivedParams, to_full
+from slapo.verification.tools import DerivedParams, to_full
 
 TOL = dict(rtol=1e-4, atol=2e-5)
 

@@ -13,7 +13,7 @@ import torch
 
 import slapo
 from slapo.errors import ConfigError
-from slapo.forward_wrap import has_forward_wrapper
+from slapo.runtime.forward_wrap import has_forward_wrapper
 from slapo.model_schedule import apply_schedule, checkpoint_layer_ids, list_model_schedules
 from slapo.op import SelfAttention
 from slapo.testing import example_inputs, run_distributed, tiny_model
@@ -175,7 +175,7 @@ def test_delay_init_builds_replacements_on_meta():
 @pytest.mark.parametrize("family,stack", [("bert", "bert.encoder.layer"),
                                           ("opt", "model.decoder.layers")])
 def test_pipeline_cuts_split_the_model_into_stages(family, stack):
-    from slapo.pipeline import CUTS_KEY, build_pipeline_stages
+    from slapo.pipeline.stages import CUTS_KEY, build_pipeline_stages
 
     sch = apply_schedule(tiny_model(family), family, pipeline_cuts=[0],
                          example_inputs=example_inputs(family))

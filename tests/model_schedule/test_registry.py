@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -50,5 +52,5 @@ def test_unknown_knobs_and_values_are_errors():
     with pytest.raises(slapo.ConfigError, match="attn_kernel 'xformers'"):
         ScheduleConfig(attn_kernel="xformers")
     cfg = ScheduleConfig()
-    with pytest.raises(Exception):
-        cfg.dtype = "fp16"  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.dtype = "fp16"

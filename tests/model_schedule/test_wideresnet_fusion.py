@@ -98,6 +98,6 @@ def _tp2():
 def test_tp2_fused_matches_unfused():
     results = run_distributed(_tp2, 2, timeout=300)
     for rank in results:
-        for diff, bns, biases in rank:
+        for _diff, bns, biases in rank:
             assert bns == 0
             assert biases == 5  # conv2 of each of the 5 blocks: bias after the all-reduce

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import slapo
-from slapo.pattern import call_module
+from slapo.trace.pattern import call_module
 
 
 class Diamond(nn.Module):

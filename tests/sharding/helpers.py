@@ -58,7 +58,7 @@ def train_and_compare(ref: nn.Module, model: nn.Module, inputs: Any, *, steps: i
         assert outs[0].keys() == outs[1].keys()
         for k in outs[0]:
             torch.testing.assert_close(outs[1][k], outs[0][k], **(tol or TOL),
-                                       msg=lambda m, k=k: f"step {step} output {k}: {m}")
+                                       msg=lambda m, k=k, step=step: f"step {step} output {k}: {m}")
         assert_params_close(model, ref, grads=True, **tol)
         for opt in opts:
             opt.step()

@@ -67,7 +67,7 @@ def _sequence_parallel(families):
         assert problems == [], [str(p) for p in problems]
         assert "replicated_param" in sch.param_tags
 
-        def out_fn(out):
+        def out_fn(out, family=family):
             logits = out.logits
             if family == "gpt2" and logits.shape[-1] == 128:
                 logits = logits[..., rank * 64:(rank + 1) * 64]

@@ -1,0 +1,10 @@
+"""What a built model and its trainer use at run time, below every other layer of Slapo.
+
+- :mod:`~slapo.runtime.distributed`: process groups, device and backend, collective timeouts.
+- :mod:`~slapo.runtime.rng`: named RNG streams (``fork_rng``, tensor-parallel dropout).
+- :mod:`~slapo.runtime.activation_checkpoint`: RNG-exact activation checkpointing.
+- :mod:`~slapo.runtime.forward_wrap`: wrappers that change how a module runs, not its path.
+- :mod:`~slapo.runtime.cpu_allocator`: ``keep_freed_memory`` for CPU training.
+
+These modules import nothing from Slapo but :mod:`slapo.errors`.
+"""

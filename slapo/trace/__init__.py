@@ -1,0 +1,7 @@
+"""Trace-by-need: turn one module into a graph that keeps the module hierarchy, and find
+patterns in such graphs.
+
+- :mod:`~slapo.trace.tracer`: the value-propagating ``fx`` tracer (``trace_module``).
+- :mod:`~slapo.trace.guards`: the guards that make specialised branches and arguments fail loudly.
+- :mod:`~slapo.trace.pattern`: subgraph patterns for ``find`` / ``fuse`` (``Subgraph``).
+"""

@@ -1,0 +1,76 @@
+"""Guards of a traced graph: what tracing specialised is checked again on every call.
+
+:class:`~slapo.trace.tracer.ValueTracer` answers Python-level questions from example values and
+fixes the answers in the graph. Where the answer could differ for other inputs, it records a guard
+node (``has_side_effect``: never removed as dead code) so a call that would have taken another
+path raises :class:`~slapo.errors.TraceError` instead of silently computing something else:
+
+* :func:`check_specialized` / :func:`check_kwargs`: arguments that were literals (``None``,
+  flags, numbers) when traced, and the keys of ``**kwargs``;
+* :func:`check_branch`: ``bool()`` of a traced value, i.e. Python control flow on data or
+  shapes (``if (labels == -100).any():``, ``assert torch.all(ids >= 0)``, ``if seq > n:``).
+  The condition itself stays in the graph, the branch taken at trace time is fixed, and the
+  guard re-evaluates the condition on every call. (Data-dependent conditions cost what they
+  cost in eager mode: a device synchronisation.)
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from typing import Any, Dict, Optional, Tuple
+
+from torch.fx.node import has_side_effect
+
+from ..errors import TraceError
+
+__all__ = ["check_specialized", "check_kwargs", "check_branch", "model_source_site"]
+
+_RETRACE = "re-trace with inputs like the ones you run"
+
+
+@has_side_effect
+def check_specialized(value: Any, expected: Any, name: str) -> None:
+    """Guard inserted for an argument that was a literal at trace time."""
+    if value is not expected and not (type(value) is type(expected) and value == expected):
+        raise TraceError(
+            f"argument '{name}' was {expected!r} when the module was traced but is {value!r} now",
+            hint=f"the traced graph specialised it; {_RETRACE}",
+        )
+
+
+@has_side_effect
+def check_kwargs(kwargs: Dict[str, Any], keys: Tuple[str, ...], literals: Dict[str, Any]) -> None:
+    """Guard for ``**kwargs``: no keys beyond the traced ones; literal values as traced."""
+    extra = sorted(set(kwargs) - set(keys))
+    if extra:
+        raise TraceError(f"keyword argument(s) {', '.join(extra)} were not given when the "
+                         "module was traced", hint=_RETRACE)
+    for k, v in literals.items():
+        check_specialized(kwargs.get(k, None), v, k)
+
+
+@has_side_effect
+def check_branch(condition: Any, taken: bool, site: str) -> None:
+    """Guard for Python control flow on a traced value: ``bool(condition)`` must be ``taken``,
+    the branch the graph was traced through."""
+    if bool(condition) is not taken:
+        raise TraceError(
+            f"the condition at {site} was {taken} when the module was traced but is "
+            f"{not taken} for these inputs; the traced graph only holds the {taken} branch",
+            hint=f"{_RETRACE}, or make the module holding this condition a leaf "
+            "(trace(leaves=[...]))")
+
+
+_TRACE_PACKAGE = os.path.dirname(os.path.abspath(__file__)).replace("\\", "/") + "/"
+
+
+def model_source_site(frames: Optional[traceback.StackSummary] = None) -> str:
+    """``file.py:line `code``` of the deepest frame outside torch and this package (the model
+    source line being traced); ``frames`` default: the current stack."""
+    frames = frames if frames is not None else traceback.extract_stack()
+    for fr in reversed(frames):
+        f = fr.filename.replace("\\", "/")
+        if "/torch/" not in f and not f.startswith(_TRACE_PACKAGE):
+            return f"{f.rsplit('/', 1)[-1]}:{fr.lineno} `{(fr.line or '').strip()}`"
+    return "?"

@@ -1,0 +1,277 @@
+"""``find``: locate nodes and subgraphs in traced modules.
+
+Three kinds of query, all on GraphModules produced by ``trace``:
+
+* a regex (``str``) on the names of called modules (``re.match`` on the ``call_module`` target,
+  e.g. ``r"(query|key|value)"``); each hit is a one-node subgraph;
+* a node predicate (``where=lambda node: ...``); each node it accepts is a one-node subgraph;
+* a subgraph pattern: a function (``lambda x, b: F.gelu(x + b)``) or an ``nn.Module`` whose
+  traced graph is matched **by data edges** from its output backwards: operations must feed
+  each other exactly as in the pattern (argument positions are checked; ``add``/``mul`` are
+  commutative), each pattern input binds one value consistently, and no intermediate result
+  may be used outside the match. Functional and module forms are interchangeable (``F.gelu``
+  matches ``nn.GELU``, ``F.linear`` matches ``nn.Linear``, ``x + y`` matches ``torch.add``),
+  and :func:`call_module` ``("regex", x)`` matches a call of a module whose name matches.
+
+Results are :class:`Subgraph` objects (graph order, non-overlapping) that ``replace``,
+``checkpoint`` and ``fuse`` accept; a history replay finds them again on the new model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+import torch.fx as fx
+from torch import nn
+
+from ..errors import PatternError
+from ..history import Deferred
+
+__all__ = ["Subgraph", "SubgraphList", "call_module", "find_subgraphs", "graph_modules"]
+
+PatternLike = Union[str, Callable, nn.Module]
+
+
+def call_module(name_regex: str, *args: Any) -> Any:
+    """In a pattern function: stands for a call of any module whose name matches the regex."""
+    raise PatternError("slapo.trace.pattern.call_module only has a meaning inside a find() pattern",
+                       hint="use it in a pattern function passed to find()")
+
+
+
+_MODULE_AS_FUNCTION = {
+    nn.Linear: "linear", nn.GELU: "gelu", nn.ReLU: "relu", nn.SiLU: "silu", nn.Tanh: "tanh",
+    nn.Dropout: "dropout", nn.LayerNorm: "layer_norm", nn.Embedding: "embedding",
+    nn.Softmax: "softmax", nn.Conv1d: "conv1d", nn.Conv2d: "conv2d", nn.GroupNorm: "group_norm",
+    nn.Sigmoid: "sigmoid", nn.BatchNorm2d: "batch_norm", nn.MSELoss: "mse_loss",
+    nn.CrossEntropyLoss: "cross_entropy",
+}
+_ALIASES = {"iadd": "add", "matmul": "matmul", "truediv": "div", "floordiv": "floor_divide",
+            "sub": "sub", "mm": "matmul", "bmm": "matmul"}
+_COMMUTATIVE = {"add", "mul"}
+
+
+@dataclasses.dataclass(eq=False)
+class Subgraph:
+    """Nodes of one traced GraphModule that ``replace``/``checkpoint``/``fuse`` act on.
+
+    Attributes:
+        owner: schedule path of the GraphModule that holds the nodes.
+        nodes: the nodes, in graph order (the last one is ``output``).
+        inputs: values from outside the subgraph, in call order (pattern-input order for
+            pattern matches, first use otherwise): ``fx.Node`` or constants.
+        output: the node whose value the subgraph produces.
+        query: ``(path, pattern, where, index)`` of the ``find`` call, to find it again.
+    """
+
+    owner: str
+    nodes: List[fx.Node]
+    inputs: List[Any]
+    output: fx.Node
+    query: Optional[Tuple[str, Any, Any, int]] = None
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __repr__(self) -> str:
+        ops = ", ".join(str(n.target) if n.op == "call_module" else n.name for n in self.nodes)
+        return f"Subgraph(owner={self.owner!r}, nodes=[{ops}])"
+
+    def __slapo_record__(self) -> Deferred:
+        if self.query is None:
+            raise PatternError("this subgraph was not made by find() and cannot be recorded",
+                               hint="pass subgraphs returned by sch.find(...)")
+        path, pattern, where, index = self.query
+        return Deferred(f"{_find_source(path, pattern, where)}[{index}]",
+                        lambda root: root[path].find(pattern, where=where)[index])
+
+
+class SubgraphList(list):
+    """The list ``find`` returns; recorded in the history as the ``find`` call itself."""
+
+    query: Optional[Tuple[str, Any, Any]] = None
+
+    def __slapo_record__(self) -> Deferred:
+        path, pattern, where = self.query  # type: ignore[misc]
+        return Deferred(_find_source(path, pattern, where),
+                        lambda root: root[path].find(pattern, where=where))
+
+
+def _find_source(path: str, pattern: Any, where: Any) -> str:
+    def name(obj: Any) -> str:
+        if obj is None or isinstance(obj, str):
+            return repr(obj)
+        qual = getattr(obj, "__qualname__", type(obj).__qualname__)
+        return f"{getattr(obj, '__module__', '?')}.{qual}"
+
+    target = f"sch[{path!r}]" if path else "sch"
+    args = [name(pattern)] if pattern is not None else []
+    if where is not None:
+        args.append(f"where={name(where)}")
+    return f"{target}.find({', '.join(args)})"
+
+
+def graph_modules(sch) -> List[Tuple[str, fx.GraphModule]]:
+    """``(schedule path, GraphModule)`` for every traced module at or below ``sch``."""
+    return [(node.path, node.mod) for _, node in sch.named_schedules()
+            if isinstance(node.mod, fx.GraphModule)]
+
+
+# ---------------------------------------------------------------------- op identity
+def _op_name(node: fx.Node, owner: Optional[nn.Module]) -> str:
+    if node.op == "call_module":
+        mod = owner.get_submodule(node.target) if owner is not None else None
+        for cls, fn_name in _MODULE_AS_FUNCTION.items():
+            if type(mod) is cls:
+                return fn_name
+        return f"module:{type(mod).__name__}"
+    if node.op == "call_function":
+        name = getattr(node.target, "__name__", str(node.target)).strip("_")
+    elif node.op == "call_method":
+        name = node.target
+    else:
+        return node.op
+    return _ALIASES.get(name, name)
+
+
+def _is_module_form(node: fx.Node) -> bool:
+    return node.op == "call_module" or (node.op == "call_function"
+                                        and node.target is call_module)
+
+
+# ---------------------------------------------------------------------- pattern matching
+def _trace_pattern(pattern: Union[Callable, nn.Module]) -> Tuple[fx.GraphModule, fx.Node]:
+    try:
+        tracer = fx.Tracer(autowrap_functions=(call_module,))
+        graph = tracer.trace(pattern)
+        gm = fx.GraphModule(tracer.root, graph)
+    except Exception as e:  # noqa: BLE001 - user pattern
+        raise PatternError(f"the pattern could not be traced: {type(e).__name__}: {e}",
+                           call="find(pattern)",
+                           hint="write the pattern with torch operations on its inputs only"
+                           ) from None
+    out = [n for n in gm.graph.nodes if n.op == "output"][0].args[0]
+    if not isinstance(out, fx.Node) or out.op == "placeholder":
+        raise PatternError("a pattern must return exactly one computed value",
+                           call="find(pattern)", hint="return a single tensor expression")
+    return gm, out
+
+
+class _Matcher:
+    def __init__(self, pattern_gm: fx.GraphModule, owner: nn.Module):
+        self.pgm, self.owner = pattern_gm, owner
+
+    def node_matches(self, p: fx.Node, g: fx.Node) -> bool:
+        if g.op not in ("call_function", "call_method", "call_module"):
+            return False
+        if p.op == "call_function" and p.target is call_module:
+            return g.op == "call_module" and re.fullmatch(p.args[0], g.target) is not None
+        if p.op == "call_module" and g.op == "call_module":
+            if type(self.pgm.get_submodule(p.target)) is type(self.owner.get_submodule(g.target)):
+                return True
+        return _op_name(p, self.pgm) == _op_name(g, self.owner)
+
+    def match(self, p: Any, g: Any, bind: Dict[fx.Node, Any]) -> bool:
+        if isinstance(p, fx.Node) and p.op == "placeholder":
+            if p in bind:
+                return bind[p] is g if isinstance(g, fx.Node) else bind[p] == g
+            bind[p] = g
+            return True
+        if not isinstance(p, fx.Node):
+            return not isinstance(g, fx.Node) and (p == g or not isinstance(p, (int, float)))
+        if not isinstance(g, fx.Node):
+            return False
+        if p in bind:
+            return bind[p] is g
+        if g in bind.values() or not self.node_matches(p, g):
+            return False
+        p_args = list(p.args[1:] if p.target is call_module else p.args)
+        g_args = list(g.args)
+        if _is_module_form(p) != _is_module_form(g):  # functional vs module: data input only
+            p_args, g_args = p_args[:1], g_args[:1]
+        if len(p_args) > len(g_args):
+            return False
+        orders = [g_args]
+        if _op_name(p, self.pgm) in _COMMUTATIVE and len(g_args) == 2:
+            orders.append(g_args[::-1])
+        for cand in orders:
+            trial = dict(bind)
+            trial[p] = g
+            if all(self.match(pa, ga, trial) for pa, ga in zip(p_args, cand)):
+                bind.clear()
+                bind.update(trial)
+                return True
+        return False
+
+
+def find_subgraphs(owner_path: str, owner: fx.GraphModule,
+                   pattern: Union[Callable, nn.Module]) -> List[Subgraph]:
+    """Non-overlapping matches of ``pattern`` in ``owner``'s graph, in graph order."""
+    pgm, p_out = _trace_pattern(pattern)
+    placeholders = [n for n in pgm.graph.nodes if n.op == "placeholder"]
+    matcher = _Matcher(pgm, owner)
+    order = {n: i for i, n in enumerate(owner.graph.nodes)}
+    taken: set = set()
+    found: List[Subgraph] = []
+    for g in owner.graph.nodes:
+        bind: Dict[fx.Node, Any] = {}
+        if g in taken or not matcher.match(p_out, g, bind):
+            continue
+        nodes = sorted((v for k, v in bind.items() if k.op != "placeholder"), key=order.get)
+        inner = set(nodes)
+        if inner & taken:
+            continue
+        if any(u not in inner for n in nodes if n is not g for u in n.users):
+            continue  # an intermediate value is used elsewhere: cannot be replaced
+        taken |= inner
+        inputs = [bind[ph] for ph in placeholders if ph in bind]
+        found.append(Subgraph(owner_path, nodes, inputs, g))
+    return found
+
+
+def node_subgraph(owner_path: str, node: fx.Node) -> Subgraph:
+    """A one-node subgraph; its inputs are the node's argument nodes in order."""
+    inputs: List[Any] = []
+    fx.node.map_arg((node.args, node.kwargs),
+                    lambda n: inputs.append(n) if n not in inputs else None)
+    return Subgraph(owner_path, [node], inputs, node)
+
+
+def find_nodes(owner_path: str, owner: fx.GraphModule, regex: Optional[str],
+               where: Optional[Callable[[fx.Node], bool]]) -> List[Subgraph]:
+    """One-node subgraphs for ``call_module`` nodes matching ``regex`` and/or ``where``."""
+    out = []
+    for node in owner.graph.nodes:
+        if regex is not None and not (node.op == "call_module"
+                                      and re.match(regex, node.target)):
+            continue
+        if where is not None and not where(node):
+            continue
+        if node.op in ("placeholder", "output"):
+            continue
+        out.append(node_subgraph(owner_path, node))
+    return out
+
+
+def validate_pattern(pattern: Any, where: Any) -> None:
+    """Raise PatternError for a query ``find`` cannot run."""
+    if pattern is None and where is None:
+        raise PatternError("find() needs a pattern or where=", call="find()",
+                           hint="pass a regex on module names, a pattern function or module, "
+                           "or where=lambda node: ...")
+    if isinstance(pattern, str):
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise PatternError(f"invalid regex {pattern!r}: {e}", call="find()",
+                               hint="check the regular expression") from None
+    elif pattern is not None and not callable(pattern):
+        raise PatternError(f"cannot search for a {type(pattern).__name__}",
+                           call=f"find({pattern!r})",
+                           hint="pass a str regex, a function or an nn.Module pattern")
+    if where is not None and not callable(where):
+        raise PatternError("where= must be a function node -> bool", call="find()",
+                           hint="e.g. where=lambda n: n.op == 'call_module'")
+

@@ -1,0 +1,401 @@
+"""Trace-by-need: turn one module into an ``fx.GraphModule`` that keeps the module hierarchy.
+
+HuggingFace modules defeat plain ``torch.fx.symbolic_trace`` (decorated forwards, ``**kwargs``,
+shape unpacking, ``len``/``bool`` on proxies). :class:`ValueTracer` traces with *real example
+values* flowing beside the graph: every node gets ``node.meta["val"]`` computed from the values of
+its inputs (with fx's patches reverted), so Python-level questions a proxy cannot answer
+(``len``, ``iter``, ``bool``, ``keys``, ``.dtype``, ``.device``, ``.ndim``, ``int()``) are answered
+from the value and fixed in the graph, while tensor *shapes* stay symbolic (``x.shape[0]`` is a
+node), so the graph is valid for other batch and sequence sizes.
+
+What is specialised at trace time (documented limits): Python control flow, ``self.training``
+(trace in the mode you run), non-tensor arguments (``None``, flags, ints), and ``len()`` /
+``int()`` of traced values. Specialised arguments and branches are *guarded*
+(:mod:`slapo.trace.guards`): calling the traced module with a different literal value, or with
+inputs for which a condition on a traced value (``if (ids == -100).any():``, ``assert
+torch.all(...)``) would take the other branch, raises :class:`~slapo.errors.TraceError` instead
+of silently computing something else. In-place item assignment (``x[..., 1:] = y``, as in T5's
+``_shift_right``) is recorded as ``operator.setitem``.
+
+The traced module is callable exactly like the original: its ``forward`` has the original
+parameter names, defaults, ``*args``/``**kwargs``; children, parameters and buffers keep their
+names (``state_dict`` keys are unchanged), hooks and slapo forward wrappers move to it, and plain
+attributes (``config``, ``layer_idx`` ...) are copied.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import operator
+import traceback
+from typing import Any, Callable, Dict, List, Tuple
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.fx._symbolic_trace import _maybe_revert_all_patches
+from torch.fx.node import map_arg
+from torch.fx.immutable_collections import immutable_dict
+from torch.fx.proxy import Attribute
+
+from ..errors import TraceError
+from ..runtime.forward_wrap import copy_forward_wrappers, forward_wrappers, move_hooks
+from .guards import check_branch, check_kwargs, check_specialized, model_source_site
+
+__all__ = ["ValueTracer", "trace_module", "Inputs", "is_builtin_leaf"]
+
+Inputs = Tuple[Tuple[Any, ...], Dict[str, Any]]
+
+# Attributes of a tensor value that are specialised to constants (never shapes).
+_CONST_ATTRS = {"dtype", "device", "ndim", "is_cuda", "is_sparse", "is_quantized", "layout",
+                "is_meta"}
+_LITERALS = (type(None), bool, int, float, str)
+
+
+def _output_builder(cls: type) -> Callable:
+    """A graph-callable that rebuilds a dict-like output (e.g. a HF ``ModelOutput``)."""
+
+    def build(fields: Dict[str, Any]) -> Any:
+        return cls(**fields)
+
+    build.__name__ = f"make_{cls.__name__}"
+    build.__qualname__ = build.__name__
+    return build
+
+
+def _dynamic(value: Any) -> bool:
+    """Whether an input is kept symbolic: anything but literals (``None``, flags, numbers,
+    strings) and modules, so tensors, tuples of tensors and stateful objects such as KV caches
+    (whose method calls are recorded) all stay inputs of the graph."""
+    return not _literal(value) and not isinstance(value, nn.Module)
+
+
+def is_builtin_leaf(mod: nn.Module) -> bool:
+    """PyTorch's own layers (``nn.Linear`` ...) are leaves; containers are not."""
+    if isinstance(mod, (nn.Sequential, nn.ModuleList, nn.ModuleDict)):
+        return False
+    return type(mod).__module__.startswith("torch.nn") or type(mod).__name__ == "Conv1D"
+
+
+class ValueProxy(fx.Proxy):
+    """A proxy that knows the example value of its node (``node.meta['val']``)."""
+
+    @property
+    def value(self) -> Any:
+        return self.node.meta["val"]
+
+    def __getattr__(self, k: str) -> Any:
+        if k in _CONST_ATTRS:
+            return getattr(self.value, k)
+        return ValueAttribute(self, k)
+
+    def __iter__(self):
+        v = self.value
+        if isinstance(v, dict):
+            return iter(list(v.keys()))
+        return iter([self[i] for i in range(len(v))])
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+    def __bool__(self) -> bool:
+        taken = bool(self.value)  # control flow: the branch is fixed, and guarded
+        self.tracer.create_proxy("call_function", check_branch,
+                                 (self, taken, model_source_site()), {})
+        return taken
+
+    def __index__(self) -> int:
+        return int(self.value)
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+    def keys(self):
+        return self.value.keys()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.tracer.create_proxy("call_function", operator.setitem, (self, key, value), {})
+
+
+class ValueAttribute(ValueProxy, Attribute):
+    """``proxy.attr``: a node is created only when used; its value is read from the root's."""
+
+    @property
+    def value(self) -> Any:
+        return getattr(self.root.value, self.attr)
+
+
+class ValueTracer(fx.Tracer):
+    """Traces ``root`` called with example ``inputs`` (see module docstring).
+
+    Args:
+        root: the module to trace.
+        inputs: ``(args, kwargs)`` as the parent calls it (captured from a real forward).
+        is_leaf: ``(module, qualified_name) -> bool`` for submodules of ``root``.
+    """
+
+    def __init__(self, root: nn.Module, inputs: Inputs,
+                 is_leaf: Callable[[nn.Module, str], bool]):
+        super().__init__(param_shapes_constant=False)
+        self.proxy_buffer_attributes = True  # `buf[:, :n]` must stay symbolic in n
+        self.traced_root = root
+        self.example_args, self.example_kwargs = inputs
+        self._is_leaf = is_leaf
+        self.child_inputs: Dict[str, Inputs] = {}  # leaf path -> inputs of its first call
+        self._ph_vals: Dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ fx hooks
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return self._is_leaf(m, module_qualified_name)
+
+    def call_module(self, m, forward, args, kwargs):
+        if m not in self.submodule_paths:  # created inside forward (e.g. a loss): inline it
+            return forward(*args, **kwargs)
+        return super().call_module(m, forward, args, kwargs)
+
+    def proxy(self, node: fx.Node) -> fx.Proxy:
+        return ValueProxy(node, self)
+
+    def create_proxy(self, kind, target, args, kwargs, name=None, type_expr=None,
+                     proxy_factory_fn=None):
+        proxy = super().create_proxy(kind, target, args, kwargs, name, type_expr,
+                                     proxy_factory_fn)
+        node = proxy.node
+        if "val" not in node.meta:
+            node.meta["val"] = self._evaluate(node)
+        return proxy
+
+    def create_arg(self, a: Any) -> Any:
+        if isinstance(a, dict) and type(a) is not dict and not isinstance(a, fx.Proxy):
+            fields = {k: self.create_arg(v) for k, v in a.items()}
+            node = self.create_node("call_function", _output_builder(type(a)), (fields,), {})
+            node.meta["val"] = a
+            return node
+        try:
+            return super().create_arg(a)
+        except NotImplementedError:
+            hint = ("pass such objects only to leaf modules, or make the module that creates "
+                    "it a leaf (trace(leaves=[...]))")
+            if "cache" in type(a).__name__.lower():
+                hint = "train without a KV cache: set model.config.use_cache = False"
+            raise TraceError(f"the forward creates a {type(a).__name__} object and passes it "
+                             "on; such objects cannot be represented in the graph",
+                             hint=hint) from None
+
+    # ------------------------------------------------------------------ value propagation
+    def _value_of(self, node: fx.Node) -> Any:
+        if "val" not in node.meta:  # e.g. get_attr nodes made by create_arg
+            node.meta["val"] = self._evaluate(node)
+        return node.meta["val"]
+
+    def _evaluate(self, node: fx.Node) -> Any:
+        if node.op == "placeholder":
+            return self._ph_vals.get(node.target)
+        if node.op == "get_attr":
+            obj: Any = self.root
+            with _maybe_revert_all_patches():
+                for atom in node.target.split("."):
+                    obj = getattr(obj, atom)
+            return obj
+        args = map_arg(node.args, self._value_of)
+        kwargs = map_arg(node.kwargs, self._value_of)
+        with _maybe_revert_all_patches():
+            if node.op == "call_function":
+                return node.target(*args, **kwargs)
+            if node.op == "call_method":
+                return getattr(args[0], node.target)(*args[1:], **kwargs)
+            if node.op == "call_module":
+                mod = self.root.get_submodule(node.target)
+                self.child_inputs.setdefault(node.target, (_detach(args), _detach(kwargs)))
+                return mod(*args, **kwargs)
+        return None
+
+    # ------------------------------------------------------------------ root signature
+    def create_args_for_root(self, root_fn, is_module, concrete_args=None):
+        """Placeholders for every parameter of the original forward (names and defaults
+        kept); inputs given as tensors stay symbolic, everything else is specialised and
+        guarded."""
+        mod = self.traced_root
+        sig = inspect.signature(type(mod).forward)
+        params = list(sig.parameters.values())[1:]  # drop self
+        try:
+            bound = sig.bind(mod, *self.example_args, **self.example_kwargs)
+        except TypeError as e:
+            raise TraceError(f"the inputs do not fit {type(mod).__name__}.forward{sig}: {e}",
+                             hint="pass inputs as the parent calls the module") from None
+        given = dict(bound.arguments)
+        given.pop(next(iter(sig.parameters)))
+        P = inspect.Parameter
+        call_args: List[Any] = []
+        call_kwargs: Dict[str, Any] = {}
+        n_positional = len(self.example_args)
+        for index, p in enumerate(params):
+            if p.kind is P.VAR_POSITIONAL:
+                values = given.get(p.name, ())
+                ph = self._placeholder("*" + p.name, P.empty, tuple(values))
+                call_args.extend(ph[i] if _dynamic(v) else v for i, v in enumerate(values))
+                continue
+            if p.kind is P.VAR_KEYWORD:
+                values = given.get(p.name, {})
+                ph = self._placeholder("**" + p.name, P.empty, dict(values))
+                literals = {k: v for k, v in values.items() if _literal(v)}
+                self.create_proxy("call_function", check_kwargs,
+                                  (ph, tuple(values), literals), {})
+                for k, v in values.items():
+                    call_kwargs[k] = ph[k] if _dynamic(v) else v
+                continue
+            default = p.default
+            if default is not P.empty and not _literal(default):
+                raise TraceError(
+                    f"parameter '{p.name}' has a default ({type(default).__name__}) that a "
+                    "traced forward cannot reproduce", hint="make the module a leaf")
+            value = given.get(p.name, default)
+            ph = self._placeholder(p.name, default, value)
+            if p.name in given and _dynamic(value):
+                arg = ph
+            else:
+                arg = value
+                if _literal(value):
+                    self.create_proxy("call_function", check_specialized,
+                                      (ph, value, p.name), {})
+            # Call the original exactly as the parent did: positional stays positional, keywords
+            # stay keywords, and what was not passed is not passed (decorators may inject it).
+            if index < n_positional:
+                call_args.append(arg)
+            elif p.name in self.example_kwargs:
+                call_kwargs[p.name] = arg
+        forward = type(mod).forward
+
+        def run(_self):
+            return forward(_self, *call_args, **call_kwargs)
+
+        return run, [self.root]
+
+    def _placeholder(self, target: str, default: Any, value: Any) -> fx.Proxy:
+        self._ph_vals[target] = value
+        args = () if default is inspect.Parameter.empty else (default,)
+        return self.create_proxy("placeholder", target, args, {})
+
+
+def _literal(value: Any) -> bool:
+    if isinstance(value, (tuple, list)):
+        return all(_literal(v) for v in value)
+    return isinstance(value, _LITERALS)
+
+
+def _detach(value: Any) -> Any:
+    """Example values kept for later tracing of children: detached, same requires_grad."""
+    if isinstance(value, torch.Tensor):
+        t = value.detach()
+        return t.requires_grad_(value.requires_grad) if t.is_floating_point() else t
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_detach(v) for v in value)
+    if isinstance(value, list):  # incl. fx's immutable_list
+        return [_detach(v) for v in value]
+    if type(value) in (dict, immutable_dict):
+        return {k: _detach(v) for k, v in value.items()}
+    if _literal(value) or isinstance(value, nn.Module) or callable(value):
+        return value
+    try:  # stateful objects (KV caches) change when the forward goes on: keep a snapshot
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - not copyable: keep the object itself
+        return value
+
+
+def _failure_site(exc: BaseException) -> str:
+    """The model source line where tracing failed (the deepest frame outside torch/slapo)."""
+    return model_source_site(traceback.extract_tb(exc.__traceback__))
+
+
+def trace_module(
+    mod: nn.Module,
+    inputs: Inputs,
+    is_leaf: Callable[[nn.Module, str], bool],
+    *,
+    path: str = "",
+) -> Tuple[fx.GraphModule, Dict[str, Inputs]]:
+    """Trace ``mod`` called with ``inputs``; return the GraphModule and the inputs each called
+    submodule (leaf) received, by qualified name.
+
+    Raises:
+        TraceError: naming the construct (source line) that could not be traced.
+    """
+    tracer = ValueTracer(mod, inputs, is_leaf)
+    state = torch.random.get_rng_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            graph = tracer.trace(mod)
+    except TraceError as e:
+        e.path = path
+        raise TraceError(e.what, path=path, module=mod, hint=e.hint) from None
+    except Exception as e:
+        raise TraceError(
+            f"tracing failed at {_failure_site(e)}: {type(e).__name__}: {e}",
+            path=path, call="trace()", module=mod,
+            hint="make the submodule containing this construct a leaf (trace(leaves=[...])), "
+            "or replace it with a traceable module first",
+        ) from e
+    finally:
+        torch.random.set_rng_state(state)
+    _drop_dead_reads(graph)
+    for node in graph.nodes:  # a node named `self` would shadow the forward's `self`
+        if node.name == "self":
+            node._rename("self_out")
+    gm = _graph_module(mod, graph)
+    return gm, tracer.child_inputs
+
+
+_PURE_FUNCS = {getattr, operator.getitem, operator.gt, operator.lt, operator.ge, operator.le,
+               operator.eq, operator.ne, operator.not_, operator.and_, operator.or_}
+
+
+def _drop_dead_reads(graph: fx.Graph) -> None:
+    """Remove unused attribute reads and comparisons left behind by value inspection (side
+    effect free; anything else, e.g. in-place ops, is kept)."""
+    for node in reversed(list(graph.nodes)):
+        if node.users:
+            continue
+        if node.op == "get_attr" or (node.op == "call_function"
+                                     and node.target in _PURE_FUNCS) or (
+                node.op == "call_method" and node.target in ("size", "dim")):
+            graph.erase_node(node)
+
+
+def _graph_module(mod: nn.Module, graph: fx.Graph) -> fx.GraphModule:
+    """A GraphModule for ``graph`` with exactly ``mod``'s children, parameters, buffers (in
+    order, same objects), plain attributes, hooks and forward wrappers."""
+    gm = fx.GraphModule(mod, graph, class_name=type(mod).__name__)
+    constants = [n.target for n in graph.nodes
+                 if n.op == "get_attr" and n.target.startswith("_tensor_constant")]
+    gm._modules.clear()
+    gm._modules.update(mod._modules)
+    gm._parameters.clear()
+    gm._parameters.update(mod._parameters)
+    buffers = dict(mod._buffers)
+    gm._buffers.clear()
+    gm._buffers.update(buffers)
+    gm._non_persistent_buffers_set = set(mod._non_persistent_buffers_set)
+    for name in constants:  # tensors created during tracing: not part of the state dict
+        value = mod.__dict__.pop(name, None)
+        if value is None:
+            value = getattr(gm, name)
+        gm.register_buffer(name, value, persistent=False)
+    for k, v in mod.__dict__.items():
+        if k.startswith("_") or k in ("training", "forward") or k in gm.__dict__:
+            continue
+        gm.__dict__[k] = v
+    gm.train(mod.training)
+    gm.meta["slapo_traced_from"] = type(mod)
+    move_hooks(mod, gm)
+    copy_forward_wrappers(mod, gm)
+    gm.graph.lint()
+    return gm
+
+
+def has_wrappers(mod: nn.Module) -> bool:
+    """Modules whose forward is wrapped by slapo (checkpoint, fork_rng) are always leaves."""
+    return bool(forward_wrappers(mod))

@@ -1,0 +1,358 @@
+"""Numerical verification of a schedule against the original model: outputs, gradients of every
+original parameter, parameters after optimizer steps, and the first diverging module.
+
+::
+
+    sch = slapo.create_schedule(model, keep_original=True)
+    ... primitives ...
+    report = slapo.verify(sch, example_inputs)            # raises VerifyError on a mismatch
+
+    with slapo.Verify(sch, example_inputs):               # verifies the block's primitives
+        sch["encoder.layer.0.attention.self.query"].shard("weight", axis=0)
+
+Both models run on every rank from the same weights and inputs (the inputs and the original's
+weights are broadcast from the group's first rank). Sharded outputs, parameters and gradients are
+gathered (from their ``ShardSpec``, or for activations from the one dimension that is
+``world_size`` times smaller) and compared with the original's. ``dtype=torch.float64`` removes
+float noise: a mismatch there is a real bug. On a mismatch the report names the first module, in
+execution order, whose output differs. Parameters a replacement renamed or re-laid (HF ``query``
+-> a fused ``qkv_proj``, GPT-2's Conv1D ``c_attn`` ...) are compared through the provenance
+records the replacement carries (:mod:`slapo.provenance`): the full new tensors are mapped back
+to the original layout, for values, gradients and parameters after steps.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import VerifyError
+from ..schedule import Schedule
+from ..sharding.spec import get_shard_spec
+from ..testing.compare import outputs_of
+from .rules import check_schedule
+from .tools import (
+    DerivedParams,
+    Difference,
+    OutputRecorder,
+    compare,
+    default_tolerances,
+    first_difference,
+    first_tensor,
+    to_full,
+    VerifyReport,
+)
+
+__all__ = ["verify", "Verify", "VerifyReport"]
+
+
+def _src_rank(group) -> int:
+    return dist.get_global_rank(group, 0) if group is not None else 0
+
+
+def _distributed(group) -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def _map_tensors(value: Any, fn) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(v, fn) for v in value)
+    return value
+
+
+def _broadcast_(t: torch.Tensor, group) -> torch.Tensor:
+    t = t.detach().clone().contiguous()
+    dist.broadcast(t, _src_rank(group), group=group)
+    return t
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+
+
+def _backward_scalar(out: Any, ref_out: Any, group) -> torch.Tensor:
+    """The scalar to differentiate: the loss if the model returns one, else a fixed random
+    projection of the first output; a partitioned output gets its slice of the projection, so
+    the ranks' losses add up to the original's."""
+    loss = getattr(out, "loss", None)
+    if loss is not None:
+        return loss
+    t, ref = first_tensor(out), first_tensor(ref_out)
+    g = torch.Generator().manual_seed(1234)
+    w = torch.randn(ref.shape, generator=g, dtype=torch.float64).to(t.device, t.dtype)
+    if tuple(t.shape) != tuple(ref.shape) and _distributed(group):
+        axis = [i for i, (a, b) in enumerate(zip(t.shape, ref.shape)) if a != b][0]
+        n = t.shape[axis]
+        w = w.narrow(axis, dist.get_rank(group) * n, n)
+    return (t * w).sum()
+
+
+class _SavedState:
+    """Parameters, buffers, gradients, dtypes and train flag of a model, restored on exit."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.training = model.training
+        self.tensors = [(t, t.data.clone(), t.grad) for t in
+                        list(model.parameters()) + list(model.buffers())]
+
+    def restore(self) -> None:
+        for t, data, grad in self.tensors:
+            t.data = data
+            if isinstance(t, nn.Parameter):
+                t.grad = grad
+        self.model.train(self.training)
+
+
+def verify(
+    sch: Schedule,
+    example_inputs: Any,
+    *,
+    reference: Optional[nn.Module] = None,
+    check_grads: bool = True,
+    dtype: Optional[torch.dtype] = None,
+    rtol: Optional[float] = None,
+    atol: Optional[float] = None,
+    steps: int = 1,
+    lr: float = 0.1,
+    eval_mode: bool = True,
+    seed: int = 2023,
+    localize: bool = True,
+    rules: bool = True,
+    load_weights: bool = True,
+    raise_on_mismatch: bool = True,
+) -> VerifyReport:
+    """Compare the scheduled model with the original on ``example_inputs``.
+
+    Args:
+        sch: the schedule (its root model is verified).
+        example_inputs: a dict of keyword inputs or a tuple of positional inputs.
+        reference: the original, unscheduled model; defaults to the copy kept by
+            ``create_schedule(model, keep_original=True)`` or by a ``Verify`` block. It is
+            copied, never modified.
+        check_grads: also compare the gradient of every original parameter, including those
+            the schedule renamed or re-laid (a fused ``qkv_proj``, GPT-2's ``c_attn`` ...),
+            rebuilt in the original layout from the provenance records of the replacement
+            modules (:mod:`slapo.provenance`); originals with neither a same-named parameter
+            nor a record are listed in ``report.unmatched``.
+        dtype: run both models in this dtype (``torch.float64`` removes float noise).
+        rtol, atol: tolerances (default by dtype:
+            :func:`slapo.verification.tools.default_tolerances`).
+        steps: with ``steps > 1``, take that many SGD(``lr``) steps and compare parameters too.
+        eval_mode: run in eval mode (no dropout); in train mode, dropout masks must match, which
+            holds only outside ``fork_rng`` regions.
+        localize: record module outputs (and output gradients) to name the first diverging
+            module on a mismatch.
+        rules: first check the schedule's rules (``check_schedule``); any problem fails the
+            verification without running the model.
+        load_weights: load the original's weights (broadcast from the group's first rank) into
+            the scheduled parameters of the same name, each rank taking its shard, so that both
+            models start from identical weights even if the ranks initialised differently.
+            Parameters without a same-named original (e.g. a fused q/k/v) keep their values;
+            those with a provenance record have them compared with the original's instead.
+        raise_on_mismatch: raise :class:`VerifyError` (else just return the report).
+
+    The scheduled model's weights, gradients, dtypes and mode are restored afterwards.
+    """
+    root = sch.root
+    group = root.group
+    if rules:
+        problems = check_schedule(root)
+        if problems:
+            report = VerifyReport(problems=problems, ok=False,
+                                  rank=dist.get_rank() if dist.is_initialized() else 0)
+            if raise_on_mismatch:
+                raise VerifyError(str(report), call="verify",
+                                  hint="fix the listed rule violations (or rules=False to run "
+                                  "the numerical check anyway)")
+            return report
+    ref_src = reference if reference is not None else getattr(root, "original", None)
+    if ref_src is None:
+        raise VerifyError("no original model to compare with", call="verify", path=sch.path,
+                          hint="pass reference=<unscheduled model>, create the schedule with "
+                          "create_schedule(model, keep_original=True), or use a Verify block")
+    ref_model = copy.deepcopy(ref_src)
+    model = root.mod
+    if any(t.is_meta for t in list(model.parameters()) + list(ref_model.parameters())):
+        raise VerifyError("the model still has weights on the meta device", call="verify",
+                          path=sch.path,
+                          hint="materialise it first: model, _ = slapo.build(sch, "
+                          "init_weights=...)")
+    distributed = _distributed(group)
+    if distributed:
+        example_inputs = _map_tensors(example_inputs, lambda t: _broadcast_(t, group))
+        for t in list(ref_model.parameters()) + list(ref_model.buffers()):
+            t.data = _broadcast_(t.data, group)
+    saved = _SavedState(model)
+    try:
+        if load_weights:
+            _load_reference_weights(ref_model, model)
+        report = _run(ref_model, model, example_inputs, group, check_grads, dtype, rtol, atol,
+                      steps, lr, eval_mode, seed, localize)
+    finally:
+        saved.restore()
+    report.rank = dist.get_rank() if dist.is_initialized() else 0
+    ok = torch.tensor([1 if report.ok else 0])
+    if distributed:
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+    if raise_on_mismatch and not bool(ok.item()):
+        if report.ok:
+            raise VerifyError("verification failed on another rank (this rank matched)",
+                              call="verify", hint="see that rank's error for the details")
+        raise VerifyError(str(report), call="verify", hint=_hint(report, dtype))
+    return report
+
+
+def _hint(report: VerifyReport, dtype: Optional[torch.dtype]) -> str:
+    if report.error is not None:
+        return f"the error happened in '{report.error[0]}'; check how it was scheduled"
+    if report.first_divergence is not None:
+        return (f"inspect the schedule of '{report.first_divergence[0]}' (print(sch) shows what "
+                "changed there)")
+    if dtype != torch.float64:
+        return "re-run with dtype=torch.float64: a mismatch that persists is a real bug"
+    return "check the syncs of sharded modules (slapo.explain(sch))"
+
+
+def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps, lr, eval_mode,
+         seed, localize) -> VerifyReport:
+    if dtype is not None:
+        ref_model.to(dtype)
+        model.to(dtype)
+        inputs = _map_tensors(inputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
+    run_dtype = dtype or next(ref_model.parameters()).dtype
+    d_rtol, d_atol = default_tolerances(run_dtype)
+    rtol = d_rtol if rtol is None else rtol
+    atol = d_atol if atol is None else atol
+    ref_model.train(not eval_mode)
+    model.train(not eval_mode)
+    sch_params = dict(model.named_parameters())
+    ref_params = dict(ref_model.named_parameters())
+    derived = DerivedParams(model, ref_params, sch_params)
+    report = VerifyReport(derived=derived.held_as())
+    report.unmatched = [n for n in ref_params if n not in sch_params and n not in derived.sources]
+    for name, value in derived.rebuild(group, grad=False).items():
+        report.derived_values[name] = compare(value, ref_params[name].data, rtol, atol)
+    opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in (ref_model, model)]
+    for step in range(steps):
+        recorders = [OutputRecorder(m) for m in (ref_model, model)] if localize and step == 0 \
+            else None
+        for m in (ref_model, model):
+            m.zero_grad(set_to_none=True)
+        torch.manual_seed(seed + step)
+        ref_out = _call(ref_model, inputs)
+        torch.manual_seed(seed + step)
+        try:
+            out = _call(model, inputs)
+        except Exception as e:  # noqa: BLE001 - reported with the module that raised
+            where = recorders[1].active[-1] if recorders and recorders[1].active else "<root>"
+            report.error = (where, f"{type(e).__name__}: {e}".splitlines()[0][:300])
+            break
+        if step == 0:
+            ref_t, sch_t = outputs_of(ref_out), outputs_of(out)
+            for k, t in ref_t.items():
+                mine = sch_t.get(k)
+                report.outputs[k] = (compare(to_full(mine, group, like=t), t, rtol, atol)
+                                     if mine is not None else
+                                     Difference(float("inf"), float("inf"), False, "missing"))
+        if check_grads or steps > 1:
+            _backward_scalar(ref_out, ref_out, None).backward()
+            _backward_scalar(out, ref_out, group).backward()
+            _reduce_replicated_grads(model, group)
+        if recorders is not None:
+            for r in recorders:
+                r.remove()
+            report.first_divergence = first_difference(
+                recorders[0].records, recorders[1].records, group, rtol, atol)
+            report.first_grad_divergence = first_difference(
+                recorders[0].grad_records, recorders[1].grad_records, group, rtol, atol)
+        if check_grads and step == 0:
+            rebuilt = derived.rebuild(group, grad=True)
+            for name, p in ref_params.items():
+                q = sch_params.get(name)
+                if p.grad is None or (q is None and name not in rebuilt):
+                    continue
+                got = rebuilt[name] if q is None else (
+                    None if q.grad is None else to_full(q.grad, group, p.grad, param=q))
+                report.grads[name] = (compare(got, p.grad, rtol, atol) if got is not None else
+                                      Difference(float("inf"), float("inf"), False, "no grad"))
+        if steps > 1:
+            for o in opts:
+                o.step()
+            rebuilt = derived.rebuild(group, grad=False)
+            for name, p in ref_params.items():
+                q = sch_params.get(name)
+                if q is not None or name in rebuilt:
+                    got = rebuilt[name] if q is None else to_full(q.data, group, p.data, param=q)
+                    report.params_after_step[name] = compare(got, p.data, rtol, atol)
+    if recorders is not None:
+        for r in recorders:
+            r.remove()
+    report.ok = not report.failures()
+    if report.ok:
+        report.first_divergence = report.first_grad_divergence = None
+    return report
+
+
+def _load_reference_weights(ref_model: nn.Module, model: nn.Module) -> None:
+    """Copy each original parameter/buffer into the scheduled one of the same name (this rank's
+    shard of it when sharded). Shapes that do not match are left alone."""
+    ref = dict(ref_model.named_parameters()) | dict(ref_model.named_buffers())
+    with torch.no_grad():
+        for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+            full = ref.get(name)
+            if full is None:
+                continue
+            spec = get_shard_spec(t)
+            value = spec.slice_of(full) if spec is not None else full
+            if tuple(value.shape) == tuple(t.shape):
+                t.copy_(value)
+
+
+def _reduce_replicated_grads(model: nn.Module, group) -> None:
+    """Sum gradients of parameters tagged ``replicated_param`` (sequence parallelism) over TP."""
+    if not _distributed(group):
+        return
+    for p in model.parameters():
+        if getattr(p, "replicated_param", False) and p.grad is not None:
+            dist.all_reduce(p.grad, group=group)
+
+
+class Verify:
+    """Context manager: verify the primitives applied inside the block on exit.
+
+    The model is copied on entry (the original for the comparison), so the block's primitives
+    are verified against the state before it. Keyword arguments are those of :func:`verify`.
+    Nothing is verified when the block raises, or with ``enable=False``.
+    """
+
+    def __init__(self, sch: Schedule, example_inputs: Any, *, enable: bool = True, **kwargs: Any):
+        self.sch = sch
+        self.example_inputs = example_inputs
+        self.enable = enable
+        self.kwargs = kwargs
+        self.report: Optional[VerifyReport] = None
+
+    def __enter__(self) -> "Verify":
+        if self.enable:
+            try:
+                self.snapshot = copy.deepcopy(self.sch.root.mod)
+            except Exception as e:
+                raise VerifyError(f"cannot copy the model to keep the original ({e})",
+                                  call="Verify", hint="call slapo.verify(sch, inputs, "
+                                  "reference=<unscheduled model>) after the primitives") from e
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.enable and exc_type is None:
+            self.report = verify(self.sch, self.example_inputs, reference=self.snapshot,
+                                 **self.kwargs)
+        return False
