@@ -34,7 +34,7 @@ def schedule_albert(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
               for g in C.layer_paths(sch, C.join(encoder, "albert_layer_groups"))
               for i in sch[f"{g}.albert_layers"].child]
     C.schedule_layers(sch, cfg, mode, layers, PLAN)
-    if mode.tp:
+    if mode.tp and cfg.shard_embedding:
         C.shard_embedding(sch, [C.join(p, "embeddings.word_embeddings")])
         if "predictions.decoder" in sch:
             C.shard_lm_head(sch, "predictions.decoder", mode, gather_logits=True)

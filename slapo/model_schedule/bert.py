@@ -33,7 +33,7 @@ def schedule_bert_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fa
         C.disable_kv_cache(sch, model_config)
     layers = C.layer_paths(sch, C.join(p, "encoder.layer"))
     C.schedule_layers(sch, cfg, mode, layers, PLAN, fuse_bias_gelu=fuse_bias_gelu)
-    if mode.tp:
+    if mode.tp and cfg.shard_embedding:
         C.shard_embedding(sch, [C.join(p, "embeddings.word_embeddings")])
         head = "cls.predictions.decoder" if "cls.predictions.decoder" in sch else "lm_head.decoder"
         if head in sch:

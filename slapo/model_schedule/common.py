@@ -102,6 +102,9 @@ def tp_mode(sch: Schedule, cfg: ScheduleConfig, family: str, *, sp_supported: bo
                           call=call, hint="sequence parallelism is implemented for gpt2, "
                           "gpt_neo and llama; drop the knob")
     tp = sch.world_size > 1
+    if tp and cfg.sequence_parallel and not cfg.shard_embedding:
+        raise ConfigError("sequence_parallel needs the vocab-parallel embedding and LM head",
+                          call=call, hint="drop shard_embedding=False, or sequence_parallel")
     if tp and cfg.attn_kernel == "eager" and family != "wideresnet":
         raise ConfigError(
             "attn_kernel='eager' keeps HF's attention, which this schedule does not shard",

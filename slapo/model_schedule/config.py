@@ -15,6 +15,7 @@ __all__ = ["ScheduleConfig", "checkpoint_layer_ids", "make_config"]
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ATTENTION_KERNELS = ("auto", "math", "flash", "efficient", "cudnn", "eager")
+_BOOL_KNOBS = ("fuse", "sequence_parallel", "shard_embedding", "delay_init")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,9 @@ class ScheduleConfig:
             spaced (see ``checkpoint_layer_ids``).
         sequence_parallel: shard activations along the sequence axis between TP regions
             (GPT/LLaMA families).
+        shard_embedding: under TP, shard the word embedding and the LM head over the vocabulary
+            (vocab-parallel); False keeps them replicated while the layers are still sharded
+            (the ablation's "attention/FFN TP" step).
         pipeline_cuts: layer indices after which to cut pipeline stages.
         delay_init: build replacement modules on the meta device.
         prefix: path of the backbone inside the model (e.g. "bert"); "" = detect.
@@ -42,6 +46,7 @@ class ScheduleConfig:
     fuse: bool = True
     ckpt_ratio: float = 0.0
     sequence_parallel: bool = False
+    shard_embedding: bool = True
     pipeline_cuts: Tuple[int, ...] = ()
     delay_init: bool = False
     prefix: str = ""
@@ -58,6 +63,10 @@ class ScheduleConfig:
             raise ConfigError(f"ckpt_ratio must be a number in [0, 1], got {self.ckpt_ratio!r}",
                               call="apply_schedule", hint="e.g. ckpt_ratio=0.5 checkpoints "
                               "half of the layers")
+        for name in _BOOL_KNOBS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}",
+                                  call="apply_schedule", hint=f"e.g. {name}=False")
         object.__setattr__(self, "pipeline_cuts", tuple(self.pipeline_cuts))
 
     @property

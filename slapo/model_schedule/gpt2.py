@@ -34,7 +34,7 @@ def schedule_gpt_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fam
     C.schedule_layers(sch, cfg, mode, layers, plan, fuse_bias_gelu=fuse_bias_gelu)
     if cfg.attn_kernel != "eager":
         C.sdpa_masks(sch, model_config)
-    if mode.tp:
+    if mode.tp and cfg.shard_embedding:
         C.shard_embedding(sch, [C.join(p, "wte")])
         if "lm_head" in sch:
             C.shard_lm_head(sch, "lm_head", mode, gather_logits=False)

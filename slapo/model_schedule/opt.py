@@ -27,7 +27,7 @@ def schedule_opt(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
     p = C.backbone(sch, cfg, "layers", ("model.decoder", "decoder", ""), "opt")
     layers = C.layer_paths(sch, C.join(p, "layers"))
     C.schedule_layers(sch, cfg, mode, layers, PLAN)
-    if mode.tp:
+    if mode.tp and cfg.shard_embedding:
         C.shard_embedding(sch, [C.join(p, "embed_tokens")])
         if "lm_head" in sch:
             C.shard_lm_head(sch, "lm_head", mode, gather_logits=False)

@@ -9,15 +9,16 @@ applies primitives to a freshly created schedule. Recipes are registered explici
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from torch import nn
 
 from ..errors import ConfigError, RegistryError
 from ..schedule import Schedule, create_schedule
-from .config import make_config
+from .config import ScheduleConfig, make_config
 
-__all__ = ["register_model_schedule", "apply_schedule", "list_model_schedules"]
+__all__ = ["register_model_schedule", "apply_schedule", "list_model_schedules", "list_knobs",
+           "check_knobs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,31 @@ def list_model_schedules() -> list:
     return sorted(_SCHEDULES)
 
 
+def _entry(name: str) -> _Entry:
+    if name not in _SCHEDULES:
+        raise ConfigError(f"no model schedule named {name!r}", call="apply_schedule",
+                          hint=f"registered: {', '.join(list_model_schedules()) or 'none'}")
+    return _SCHEDULES[name]
+
+
+def list_knobs(name: str) -> List[str]:
+    """Every knob the recipe ``name`` takes: the ``ScheduleConfig`` fields and its own."""
+    fields = [f.name for f in dataclasses.fields(ScheduleConfig)]
+    return sorted(set(fields) | set(_entry(name).extra_knobs))
+
+
+def check_knobs(name: str, **knobs: Any) -> ScheduleConfig:
+    """Validate knob names and the common knobs' values without a model (what
+    ``apply_schedule`` checks first), e.g. before an expensive model build; returns the config.
+
+    Raises:
+        ConfigError: unknown recipe or knob (with the closest name and the valid ones), or an
+            invalid value.
+    """
+    cfg, _ = make_config(knobs, _entry(name).extra_knobs)
+    return cfg
+
+
 def apply_schedule(model: nn.Module, name: str, model_config: Any = None,
                    **knobs: Any) -> Schedule:
     """Schedule ``model`` with the recipe ``name`` and return the schedule (build it next).
@@ -60,10 +86,7 @@ def apply_schedule(model: nn.Module, name: str, model_config: Any = None,
     Raises:
         ConfigError: unknown recipe or knob, or an invalid knob value.
     """
-    if name not in _SCHEDULES:
-        raise ConfigError(f"no model schedule named {name!r}", call="apply_schedule",
-                          hint=f"registered: {', '.join(list_model_schedules()) or 'none'}")
-    entry = _SCHEDULES[name]
+    entry = _entry(name)
     cfg, extra = make_config(knobs, entry.extra_knobs)
     model_config = model_config if model_config is not None else getattr(model, "config", None)
     if cfg.dtype != "fp32":

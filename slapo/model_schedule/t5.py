@@ -45,7 +45,7 @@ def schedule_t5(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                                                fused_qkv=False) and mode.tp:
                 C.shard_attention(sch, f"{block}.layer.1.EncDecAttention", mode)
         stacks.append(blocks)
-    if mode.tp:
+    if mode.tp and cfg.shard_embedding:
         C.shard_embedding(sch, [C.join(p, n) for n in
                                 ("shared", "encoder.embed_tokens", "decoder.embed_tokens")
                                 if C.join(p, n) in sch])

@@ -16,8 +16,9 @@ from slapo.errors import ConfigError
 from slapo.runtime.forward_wrap import has_forward_wrapper
 from slapo.model_schedule import apply_schedule, checkpoint_layer_ids, list_model_schedules
 from slapo.op import SelfAttention
+from slapo.sharding import get_shard_spec
 from slapo.testing import example_inputs, run_distributed, tiny_model
-from tests.model_schedule.helpers import check_family, wideresnet
+from tests.model_schedule.helpers import check_family, compare_training, wideresnet
 
 FAMILIES = ("bert", "roberta", "albert", "gpt2", "gpt_neo", "opt", "t5", "llama", "wideresnet")
 
@@ -77,6 +78,51 @@ def test_tp2_matches_reference():
     assert results[0] == results[1] == [f for f, _ in TP2_CASES]
 
 
+# ------------------------------------------------- TP=2 with replicated embeddings (ablation)
+EMBEDDINGS = {"bert": "bert.embeddings.word_embeddings", "albert": "albert.embeddings."
+              "word_embeddings", "gpt2": "transformer.wte", "opt": "model.decoder.embed_tokens",
+              "llama": "model.embed_tokens", "t5": "shared"}
+
+
+def _tp2_replicated_embeddings():
+    """Layers sharded, word embedding and LM head whole: trains like the reference, and the
+    embedding is really unsharded while a layer's MLP is sharded."""
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    for family, path in EMBEDDINGS.items():
+        ref, inputs = tiny_model(family), example_inputs(family)
+        model = copy.deepcopy(ref)
+        sch = apply_schedule(model, family, shard_embedding=False)
+        compare_training(ref, model, inputs)
+        weight = sch[path].mod.weight
+        assert get_shard_spec(weight) is None, family
+        assert weight.shape == ref.get_submodule(path).weight.shape, family
+        assert any(get_shard_spec(p) is not None for p in model.parameters()), family
+    with pytest.raises(ConfigError, match="sequence_parallel needs the vocab-parallel"):
+        apply_schedule(tiny_model("gpt2"), "gpt2", sequence_parallel=True,
+                       shard_embedding=False)
+    return sorted(EMBEDDINGS)
+
+
+def test_tp2_replicated_embeddings_match_reference():
+    results = run_distributed(_tp2_replicated_embeddings, 2, timeout=400)
+    assert results[0] == results[1] == sorted(EMBEDDINGS)
+
+
+def test_knobs_are_listed_and_checked_without_a_model():
+    from slapo.model_schedule import check_knobs, list_knobs
+
+    assert {"shard_embedding", "fuse_bias_gelu", "ckpt_ratio"} <= set(list_knobs("bert"))
+    assert "fuse_bias_gelu" not in list_knobs("llama")
+    assert check_knobs("bert", shard_embedding=False).shard_embedding is False
+    with pytest.raises(ConfigError, match="did you mean 'shard_embedding'"):
+        check_knobs("bert", shard_embeding=False)
+    with pytest.raises(ConfigError, match="shard_embedding must be True or False"):
+        check_knobs("bert", shard_embedding="no")
+    with pytest.raises(ConfigError, match="no model schedule named 'bart'"):
+        list_knobs("bart")
+
+
 # ---------------------------------------------------------------- checkpoint selection
 def _checkpointed(model, paths):
     return [i for i, p in enumerate(paths) if has_forward_wrapper(model.get_submodule(p),
@@ -106,7 +152,6 @@ def test_albert_checkpoints_exact_calls_of_the_shared_layer(ratio):
     sch = apply_schedule(model, "albert", ckpt_ratio=ratio)
     group = "albert.encoder.albert_layer_groups.0"
     assert sch[group].metadata["checkpoint"] == checkpoint_layer_ids(8, ratio)
-    from tests.model_schedule.helpers import compare_training
     compare_training(ref, model, example_inputs("albert"))  # twice: the count restarts
     compare_training(ref, model, example_inputs("albert"))
 
