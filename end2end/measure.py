@@ -18,7 +18,8 @@
   tensor-parallel shards, or its ZeRO-3 partition (``ds_tensor``) of DeepSpeed parameters.
 * **Faults for tests** (:func:`maybe_inject_fault`): ``SLAPO_BENCH_FAULT=oom`` or ``crash``
   (optionally ``@RANK``) makes the first training step raise ``torch.OutOfMemoryError`` /
-  ``RuntimeError`` on every rank (or only on ``RANK``). Used only by tests/end2end/test_bench.py.
+  ``RuntimeError`` on every rank (or only on ``RANK``); ``kill`` sends the rank SIGKILL (as the
+  kernel's OOM killer would). Used only by tests/end2end/test_bench.py and test_sweep_errors.py.
 """
 
 from __future__ import annotations
@@ -193,4 +194,8 @@ def maybe_inject_fault(rank: int, environ: Dict[str, str] = os.environ) -> None:
         raise torch.OutOfMemoryError(f"injected out-of-memory on rank {rank} ({FAULT_ENV})")
     if kind == "crash":
         raise RuntimeError(f"injected crash on rank {rank} ({FAULT_ENV})")
-    raise ValueError(f"{FAULT_ENV}={spec!r}: expected oom or crash, optionally @RANK")
+    if kind == "kill":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise ValueError(f"{FAULT_ENV}={spec!r}: expected oom, crash or kill, optionally @RANK")

@@ -4,7 +4,7 @@ The TSV keeps the artifact's 11 columns first (so its plot scripts still read it
 
     Impl Model Seq DecSeq nGPU Batch Ckpt PerGPUParam Thrpt PerGPUMem PerGPUTFLOPS
     Status MFU StepTime PeakTFLOPS GitCommit Torch Transformers DeepSpeed MegatronCore Device
-    World TP PP DP Dtype Steps Time Error
+    World TP PP DP Dtype Steps Time Error Knobs Repeat
 
 Units: PerGPUParam in millions, Thrpt samples/s (all ranks), PerGPUMem GB (peak per rank),
 PerGPUTFLOPS model TFLOP/s per rank, MFU a fraction of PeakTFLOPS (the GEMM rate measured in the
@@ -40,7 +40,7 @@ __all__ = [
 ARTIFACT_COLUMNS = ("Impl Model Seq DecSeq nGPU Batch Ckpt PerGPUParam Thrpt PerGPUMem "
                     "PerGPUTFLOPS").split()
 EXTRA_COLUMNS = ("Status MFU StepTime PeakTFLOPS GitCommit Torch Transformers DeepSpeed "
-                 "MegatronCore Device World TP PP DP Dtype Steps Time Error").split()
+                 "MegatronCore Device World TP PP DP Dtype Steps Time Error Knobs Repeat").split()
 COLUMNS = tuple(ARTIFACT_COLUMNS + EXTRA_COLUMNS)
 STATUSES = ("ok", "oom", "fail", "timeout", "skipped")
 NA = "na"
@@ -85,6 +85,8 @@ class ResultRow:
     steps: Optional[int] = None
     time: str = ""
     error: str = ""
+    knobs: str = ""
+    repeat: int = 0
     extra: Dict[str, Any] = field(default_factory=dict)  # JSON twin only (breakdowns, logs)
 
     @classmethod
@@ -94,14 +96,14 @@ class ResultRow:
         base = dict(impl=spec.mode, model=spec.model, seq=spec.seq_len, dec_seq=spec.dec_seq_len,
                     ngpu=spec.n, batch=spec.batch_size, ckpt=spec.ckpt, status=status,
                     world=spec.n, tp=tp, pp=pp, dp=dp, dtype=spec.dtype or "",
-                    steps=spec.steps)
+                    steps=spec.steps, knobs=spec.knobs, repeat=spec.repeat)
         base.update(values)
         return cls(**base)
 
     @property
     def key(self) -> Tuple:
         return run_key(self.impl, self.model, self.seq, self.dec_seq, self.ngpu, self.batch,
-                       _canonical_ckpt(self.ckpt), self.tp, self.pp)
+                       _canonical_ckpt(self.ckpt), self.tp, self.pp, self.knobs, self.repeat)
 
     def validate(self) -> None:
         if self.status not in STATUSES:
@@ -160,27 +162,41 @@ def twin_path(path: Union[str, Path]) -> Path:
     return Path(path).with_suffix(".jsonl")
 
 
-def _append_line(path: Path, text: str, header: str = "") -> None:
-    """Append ``text`` (one line) under an exclusive lock; write ``header`` if the file is new."""
-    with open(path, "a+b") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            data = b""
-            if size == 0:
-                data += header.encode()
-            else:
-                fh.seek(size - 1)
-                if fh.read(1) != b"\n":  # torn last line of a killed writer: close it off
-                    data += b"\n"
-            data += text.encode() + b"\n"
-            fh.seek(0, os.SEEK_END)
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+class _Locked:
+    """``with _Locked(path, exclusive) as fh``: ``path`` opened for append+read (binary) under
+    an ``flock``. Appends take it exclusively on the TSV around *both* writes (twin, then TSV),
+    readers shared, so rows reach the two files in one order even with concurrent writers."""
+
+    def __init__(self, path: Path, exclusive: bool = True):
+        self.path, self.mode = path, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+
+    def __enter__(self):
+        self.fh = open(self.path, "a+b")
+        fcntl.flock(self.fh, self.mode)
+        return self.fh
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.fh, fcntl.LOCK_UN)
+        self.fh.close()
+
+
+def _append_to(fh, text: str, header: str = "") -> None:
+    """Append ``text`` (one line) to the locked ``fh``; ``header`` first if the file is empty;
+    a torn last line (a writer killed mid-write) is closed off first."""
+    fh.seek(0, os.SEEK_END)
+    size = fh.tell()
+    data = b""
+    if size == 0:
+        data += header.encode()
+    else:
+        fh.seek(size - 1)
+        if fh.read(1) != b"\n":
+            data += b"\n"
+    data += text.encode() + b"\n"
+    fh.seek(0, os.SEEK_END)
+    fh.write(data)
+    fh.flush()
+    os.fsync(fh.fileno())
 
 
 def _tsv_header(env: Optional[Dict[str, Any]]) -> str:
@@ -201,17 +217,61 @@ def append_result(path: Union[str, Path], row: ResultRow,
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.stat().st_size:
-        with open(path) as fh:
+        with open(path, errors="replace") as fh:
             head = [fh.readline() for _ in range(3)]
         cols = next((h.rstrip("\n") for h in head if h.startswith("Impl\t")), "")
-        if cols and tuple(cols.split("\t")) != COLUMNS:
-            raise ResultsError(f"{path} has different columns", hint="write to a new file")
+        columns = _writable_columns(path, tuple(cols.split("\t")) if cols else COLUMNS, row)
+    else:
+        columns = COLUMNS
     record = {"type": "row", **{col: _json_value(getattr(row, f.name))
                                 for f, col in zip(_FIELDS, COLUMNS)}, "extra": row.extra}
     env_line = json.dumps({"type": "env", **env}, sort_keys=True) + "\n" if env else ""
-    _append_line(twin_path(path), json.dumps(record, sort_keys=False), header=env_line)
-    _append_line(path, "\t".join(_cell(getattr(row, f.name)) for f in _FIELDS),
-                 header=_tsv_header(env))
+    with _Locked(path) as tsv:
+        with _Locked(twin_path(path)) as twin:
+            _append_to(twin, json.dumps(record, sort_keys=False), header=env_line)
+        _append_to(tsv, "\t".join(_cell(getattr(row, f.name)) for f in _FIELDS[:len(columns)]),
+                   header=_tsv_header(env))
+
+
+Mark = Tuple[Optional[int], Optional[int]]
+
+
+def mark(path: Union[str, Path]) -> Mark:
+    """The sizes of a results file and its twin (None: absent), for :func:`rollback`."""
+    path = Path(path)
+    return tuple(p.stat().st_size if p.exists() else None for p in (path, twin_path(path)))
+
+
+def rollback(path: Union[str, Path], to: Mark) -> bool:
+    """Cut a results file and its twin back to a :func:`mark` (deleting files that did not
+    exist), under the append lock: the rows of an interrupted run, complete or torn, are gone
+    and the run is pending again. Returns whether anything was removed. Only safe while this
+    process is the only writer (the sweep holds :class:`~end2end.sweeplock.SweepLock`)."""
+    path = Path(path)
+    if mark(path) == to:
+        return False
+    with _Locked(path):
+        for file, size in ((path, to[0]), (twin_path(path), to[1])):
+            if size is None:
+                file.unlink(missing_ok=True)
+            elif file.exists() and file.stat().st_size > size:
+                os.truncate(file, size)
+    return True
+
+
+def _writable_columns(path: Path, columns: Tuple[str, ...], row: ResultRow) -> Tuple[str, ...]:
+    """The columns to write ``row`` into an existing file: its own, when they are ours up to
+    columns added later (``Knobs``, ``Repeat``) and the row leaves those at their defaults."""
+    if columns == COLUMNS:
+        return columns
+    missing = _FIELDS[len(columns):]
+    if COLUMNS[:len(columns)] != columns or len(columns) < len(ARTIFACT_COLUMNS):
+        raise ResultsError(f"{path} has different columns", hint="write to a new file")
+    if any(getattr(row, f.name) != f.default for f in missing):
+        raise ResultsError(f"{path} predates the column(s) "
+                           f"{', '.join(_COLUMN_OF[f.name] for f in missing)}, which this run "
+                           "needs", hint="write to a new results file")
+    return columns
 
 
 @dataclass
@@ -250,18 +310,31 @@ def read_results(path: Union[str, Path], strict: bool = False,
     twin, if present, must hold the same runs in the same order (else a warning).
     """
     path = Path(path)
+    problems: List[str] = []
     try:
-        lines = path.read_text().splitlines()
+        with open(path, "rb") as fh:  # shared lock: no half-appended row pair is read
+            fcntl.flock(fh, fcntl.LOCK_SH)
+            data = fh.read()
+            twin = twin_path(path)
+            twin_data = twin.read_bytes() if check_twin and twin.exists() else None
     except OSError as exc:
         raise ResultsError(f"cannot read results {str(path)!r}: {exc.strerror}") from None
+    lines = _decode_lines(path, data, problems, strict)
     rows: List[ResultRow] = []
-    problems: List[str] = []
     env: Dict[str, Any] = {}
     columns: Optional[List[str]] = None
     for lineno, line in enumerate(lines, start=1):
         where = f"{path}:{lineno}"
+        if line is None:  # not UTF-8: reported by _decode_lines
+            continue
         if line.startswith("# env "):
-            env = json.loads(line[6:])
+            try:
+                env = json.loads(line[6:])
+            except json.JSONDecodeError as exc:
+                msg = f"{where}: skipped damaged '# env' line ({exc.msg})"
+                if strict:
+                    raise ResultsError(msg) from None
+                problems.append(msg)
             continue
         if columns is None:
             if line.startswith("Impl\t") or line.split()[:1] == ["Impl"]:
@@ -284,43 +357,70 @@ def read_results(path: Union[str, Path], strict: bool = False,
         rows.append(row)
     if columns is None and lines:
         raise ResultsError(f"{path}: no header line starting with 'Impl'")
-    twin = twin_path(path)
-    if check_twin and twin.exists():
-        problems += _check_twin(twin, rows)
+    if twin_data is not None:
+        problems += _check_twin(twin, twin_data, rows)
     return Results(rows, env, problems)
 
 
-def _check_twin(twin: Path, rows: List[ResultRow]) -> List[str]:
+def _decode_lines(path: Path, data: bytes, problems: List[str],
+                  strict: bool = False) -> List[Optional[str]]:
+    """Lines of ``data`` (UTF-8, a BOM dropped); a line that is not UTF-8 becomes None and a
+    ``file:line`` warning (an error when ``strict``), so one bad byte loses one line only."""
+    lines: List[Optional[str]] = []
+    for lineno, raw in enumerate(data.removeprefix(b"\xef\xbb\xbf").splitlines(), start=1):
+        try:
+            lines.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            msg = (f"{path}:{lineno}: skipped a line that is not UTF-8 (byte "
+                   f"{raw[exc.start]:#04x} at column {exc.start + 1})")
+            if strict:
+                raise ResultsError(msg, hint="results files are written as UTF-8; the line "
+                                   "was damaged after it was written") from None
+            problems.append(msg)
+            lines.append(None)
+    return lines
+
+
+def _check_twin(twin: Path, data: bytes, rows: List[ResultRow]) -> List[str]:
     keys = []
-    problems = []
-    for lineno, line in enumerate(twin.read_text().splitlines(), start=1):
+    problems: List[str] = []
+    for lineno, line in enumerate(_decode_lines(twin, data, problems), start=1):
+        if line is None:
+            continue
         try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
-            problems.append(f"{twin}:{lineno}: skipped malformed JSON line")
-            continue
-        if rec.get("type") == "row":
+            if not isinstance(rec, dict) or rec.get("type") != "row":
+                continue
             keys.append(run_key(rec["Impl"], rec["Model"], rec["Seq"], rec["DecSeq"],
                                 rec["nGPU"], rec["Batch"], _canonical_ckpt(rec["Ckpt"]),
-                                rec.get("TP"), rec.get("PP")))
+                                rec.get("TP"), rec.get("PP"), rec.get("Knobs", ""),
+                                rec.get("Repeat", 0)))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            problems.append(f"{twin}:{lineno}: skipped malformed JSON line")
     if keys != [r.key for r in rows]:
         problems.append(f"{twin}: {len(keys)} rows do not match the {len(rows)} rows of the TSV "
                         "(a run was interrupted between the two writes?)")
     return problems
 
 
-def done_keys(rows: Iterable[ResultRow], retry: Iterable[str] = ()) -> Set[tuple]:
-    """Keys of runs that are done: any row whose status is not in ``retry``."""
+def done_keys(rows: Iterable[ResultRow], retry: Iterable[str] = (),
+              devices: Optional[int] = None) -> Set[tuple]:
+    """Keys of runs that are done: any row whose status is not in ``retry``; with ``devices``,
+    a ``skipped`` row (not enough devices) counts only while its run still needs more."""
     retry = set(retry)
-    return {r.key for r in rows if r.status not in retry}
+    return {r.key for r in rows if r.status not in retry
+            and not (r.status == "skipped" and devices is not None and r.ngpu <= devices)}
 
 
 def pending_runs(specs: Sequence[RunSpec], results: Union[str, Path, Results, None],
-                 retry_failed: bool = False, retry: Iterable[str] = ()) -> List[RunSpec]:
+                 retry_failed: bool = False, retry: Iterable[str] = (),
+                 devices: Optional[int] = None) -> List[RunSpec]:
     """The runs of ``specs`` that still have to run, in order (resume after an interruption).
 
     Every row counts as done — including ``fail``/``oom``/``timeout``/``skipped`` — unless its
-    status is in ``retry``; ``retry_failed`` adds ``fail`` and ``timeout`` to ``retry``.
+    status is in ``retry``; ``retry_failed`` adds ``fail`` and ``timeout`` to ``retry``. With
+    ``devices`` (the devices available now), a run ``skipped`` for lack of devices is pending
+    again once it fits: the reason for the skip is gone.
     """
     if results is None or (not isinstance(results, Results) and not Path(results).exists()):
         return list(specs)
@@ -330,5 +430,5 @@ def pending_runs(specs: Sequence[RunSpec], results: Union[str, Path, Results, No
     if unknown:
         raise ResultsError(f"unknown statuses to retry: {sorted(unknown)}",
                            hint=f"statuses are {', '.join(STATUSES)}")
-    done = done_keys(res.rows, statuses)
+    done = done_keys(res.rows, statuses, devices)
     return [s for s in specs if s.key not in done]

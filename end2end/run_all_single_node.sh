@@ -6,6 +6,8 @@
 # 2. the environment dump next to the results (<results>.env.txt);
 # 3. the sweep (resumable: re-running continues where it stopped), 4. the figure.
 # Results go to ${RESULTS:-<repo>/results/<config name>.tsv}; the figure to <results>-fig7.png/pdf.
+# Exit status: the sweep's (0 all ok, 1 some runs not ok, 2 usage/config error, 130 interrupted);
+# the figure is drawn for 0 and 1 only.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CFG="${1:?usage: run_all_single_node.sh CONFIG [sweep args]}"
@@ -27,8 +29,16 @@ mkdir -p "$(dirname "$RESULTS")"
 "$PY" scripts/env_dump.py --device "$DEVICE" | tee "${RESULTS%.tsv}.env.txt"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime)"
 start=$(date +%s)
-"$PY" -m end2end.sweep "$CFG" --results "$RESULTS" --device "$DEVICE" "$@"
+rc=0
+"$PY" -m end2end.sweep "$CFG" --results "$RESULTS" --device "$DEVICE" "$@" || rc=$?
+# sweep exit status: 0 all ok, 1 some runs not ok (still plotted: failures are marks),
+# 2 usage/config error (e.g. an empty config), 130 interrupted -> no plot
+if [[ $rc -ne 0 && $rc -ne 1 ]]; then
+  echo "run_all_single_node.sh: the sweep exited $rc; no plot" >&2
+  exit "$rc"
+fi
 echo "sweep: $(( $(date +%s) - start )) s; load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 DESC="$("$PY" -c 'import os, torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {len(os.sched_getaffinity(0))} cores")')"
 "$PY" -m end2end.plot "$RESULTS" -o "${RESULTS%.tsv}-fig7" \
   --title "$(basename "$CFG") on $DESC: training samples/s (higher is better); labels: Slapo speedup over its baseline"
+exit "$rc"

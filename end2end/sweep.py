@@ -14,21 +14,26 @@ more devices than available get a ``skipped`` row: every run of the config ends 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
-from .config import RunSpec, load_runs
+from slapo.errors import ConfigError, SlapoError
+
+from .config import RunSpec, interleave, load_runs
 from .launch import shell_join, single_node_command
+from .procs import run_logged, signal_death
 from .progress import Progress, format_duration
-from .results import ResultRow, append_result, env_columns, pending_runs, read_results
+from .results import (ResultRow, append_result, env_columns, mark, pending_runs, read_results,
+                      rollback)
+from .sweeplock import SweepLock
 
-__all__ = ["estimate_run_seconds", "run_sweep", "main"]
+__all__ = ["estimate_run_seconds", "run_sweep", "check_timeout", "build_parser", "main"]
 
 STARTUP_S = {1: 8.0, 2: 14.0}  # rough process start + imports + init on 2 CPU cores
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")  # torchrun of this interpreter
@@ -64,25 +69,6 @@ def _rows_for(results: Path, spec: RunSpec) -> int:
     return sum(1 for r in read_results(results, check_twin=False).rows if r.key == spec.key)
 
 
-def _run_one(cmd: List[str], log: Path, timeout: float) -> tuple:
-    """Run ``cmd`` in its own session with output to ``log``; returns (returncode, timed_out)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as fh:
-        fh.write(shell_join(cmd) + "\n")
-        fh.flush()
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            return proc.wait(timeout=timeout), False
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)  # the whole torchrun process group
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            return proc.returncode, True
-
-
 def _last_line(log: Path) -> str:
     try:
         lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
@@ -92,27 +78,102 @@ def _last_line(log: Path) -> str:
     return (errors or lines or [""])[-1].strip()
 
 
+def _not_ok(runs: Sequence[RunSpec], results: Path) -> Dict[str, int]:
+    """Status counts of the runs whose latest row is not ``ok`` (``pending``: no row)."""
+    latest = {}
+    if results.exists():
+        latest = {r.key: r.status for r in read_results(results, check_twin=False).rows}
+    counts: Dict[str, int] = {}
+    for spec in runs:
+        status = latest.get(spec.key, "pending")
+        if status != "ok":
+            counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def _failure_reason(rc: int, timed_out: bool, timeout: float, log: Path) -> str:
+    if timed_out:
+        return f"timed out after {format_duration(timeout)} (log: {log})"
+    if rc is not None and rc < 0:
+        return f"the launcher was killed by {_signal_name(-rc)} (log: {log})"
+    killed = signal_death(log)
+    if killed:
+        return f"{killed} (exit code {rc}; log: {log})"
+    return f"exit code {rc}: {_last_line(log)} (log: {log})"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def check_timeout(timeout: float) -> float:
+    """A per-run timeout must be a finite number of seconds > 0."""
+    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise ConfigError(f"timeout {timeout!r} is not a positive number of seconds",
+                          hint="give e.g. --timeout 1800 (the default)")
+    return float(timeout)
+
+
 def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
               device: str = "cpu", retry_failed: bool = False, timeout: float = 1800.0,
               dry_run: bool = False, error_stop: bool = False,
-              extra: Sequence[str] = ()) -> int:
-    """Run the pending runs of ``config``; returns the number of runs that did not end ``ok``."""
+              extra: Sequence[str] = (), wait: bool = False, repeat: int = 1) -> int:
+    """Run the pending runs of ``config``; returns how many runs of the config have no ``ok``
+    row afterwards (failed, skipped, or not run because of ``error_stop``).
+
+    ``repeat`` > 1 runs the config in interleaved rounds (:func:`end2end.config.interleave`).
+    Holds :class:`~end2end.sweeplock.SweepLock` on ``results`` for the whole sweep (refuses,
+    or with ``wait`` queues, when another sweep uses it). A ``KeyboardInterrupt`` (Ctrl-C, or
+    SIGTERM under :func:`main`) stops the current run with every process it started, removes
+    whatever that run wrote to the results file, and propagates: the run is pending again.
+    """
+    timeout = check_timeout(timeout)
     max_devices = max_devices or _default_devices(device)
-    runs = load_runs(config, max_devices=max_devices)
+    if max_devices < 1:
+        raise ConfigError(f"max_devices is {max_devices}", hint="give --max-devices 1 or more")
+    runs = interleave(load_runs(config, max_devices=max_devices), repeat)
+    if not runs:
+        raise ConfigError(f"{config}: no runs (the file is empty or has only comments)",
+                          hint="add lines 'MODE MODEL GPUS SEQ_LEN DEC_SEQ_LEN BATCH_SIZE CKPT' "
+                               "(end2end/README.md, Config grammar)")
     out = Path(results)
-    todo = pending_runs(runs, out, retry_failed=retry_failed)
-    print(f"{config}: {len(runs)} runs, {len(runs) - len(todo)} already in {out}, "
-          f"{len(todo)} to run")
     extra = ["--device", device, *extra]
     if dry_run:
-        for spec in todo:
+        for spec in _pending(runs, out, retry_failed, max_devices):
             print(shell_join(single_node_command(spec, str(out), extra, TORCHRUN)))
         return 0
+    with SweepLock(out, wait=wait, on_wait=lambda owner: print(
+            f"{out} is in use by {owner}; waiting (--wait)", flush=True)):
+        todo = _pending(runs, out, retry_failed, max_devices)
+        print(f"{config}: {len(runs)} runs, {len(runs) - len(todo)} already in {out}, "
+              f"{len(todo)} to run", flush=True)
+        _run_all(todo, out, max_devices, timeout, error_stop, extra, device)
+        bad = _not_ok(runs, out)
+    if bad:
+        print(f"{sum(bad.values())} of {len(runs)} runs not ok: "
+              + ", ".join(f"{n} {status}" for status, n in sorted(bad.items())), flush=True)
+    return sum(bad.values())
+
+
+def _pending(runs: Sequence[RunSpec], out: Path, retry_failed: bool,
+             devices: int) -> List[RunSpec]:
+    if not out.exists():
+        return list(runs)
+    res = read_results(out)
+    for warning in res.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return pending_runs(runs, res, retry_failed=retry_failed, devices=devices)
+
+
+def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: float,
+             error_stop: bool, extra: Sequence[str], device: str) -> None:
     from .env import env_dump
 
     env = env_dump(device)
     progress = Progress(len(todo), weights=[estimate_run_seconds(s) for s in todo])
-    bad = 0
     for spec in todo:
         progress.start(spec.label)
         if spec.n > max_devices:
@@ -120,61 +181,131 @@ def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
                                       f"{max_devices} available", **env_columns(env))
             append_result(out, row, env)
             progress.finish("skipped")
-            bad += 1
             continue
-        before = _rows_for(out, spec)
+        before, start = _rows_for(out, spec), mark(out)
         log = _log_path(out, spec)
-        cmd = single_node_command(spec, str(out), extra, TORCHRUN)
-        rc, timed_out = _run_one(cmd, log, timeout)
+        try:
+            rc, timed_out = run_logged(single_node_command(spec, str(out), extra, TORCHRUN),
+                                       log, timeout)
+        except BaseException:
+            rollback(out, start)  # nothing of the interrupted run stays: it is redone
+            raise
+        if timed_out:  # a rank killed by the timeout may have written a misleading row
+            rollback(out, start)
         status = "ok"
         if _rows_for(out, spec) == before:  # the driver wrote nothing: record why
             status = "timeout" if timed_out else "fail"
-            reason = (f"timed out after {format_duration(timeout)}" if timed_out else
-                      f"exit code {rc}: {_last_line(log)}") + f" (log: {log})"
-            append_result(out, ResultRow.from_spec(spec, status, error=reason,
-                                                   time=time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                                   **env_columns(env)), env)
+            append_result(out, ResultRow.from_spec(
+                spec, status, error=_failure_reason(rc, timed_out, timeout, log),
+                time=time.strftime("%Y-%m-%dT%H:%M:%S"), **env_columns(env)), env)
         else:
             last = [r for r in read_results(out, check_twin=False).rows if r.key == spec.key]
             status = last[-1].status if last else status
         progress.finish(status)
-        bad += status != "ok"
         if error_stop and status == "fail":
             print("stopping at the first failure (--error-stop)")
             break
     progress.summary()
-    return bad
+
+
+def _positive(kind: type, what: str):
+    """An argparse type: a finite number > 0 (``what`` names it in the error)."""
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"{text!r}: {what} must be a finite number > 0")
+        return value
+    return convert
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m end2end.sweep`` command line (every option documented)."""
+    p = argparse.ArgumentParser(
+        prog="python -m end2end.sweep", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Run every line of a benchmark config through the driver (end2end.bench), "
+                    "one row per run, resumable: start it again to continue.",
+        epilog="Exit status: 0 every run of the config has an ok row; 1 some runs are not ok "
+               "(fail/oom/timeout/skipped, or not run after --error-stop); 2 usage or config "
+               "error (also: another sweep holds the results file); 130 interrupted (Ctrl-C or "
+               "SIGTERM: the current run is stopped with all its processes, nothing of it is "
+               "kept, and the same command resumes).")
+    p.add_argument("config", help="config file (end2end/configs/*.cfg; grammar in "
+                                  "end2end/README.md)")
+    p.add_argument("--results", default="results/results.tsv",
+                   help="results TSV to append to (its JSON twin .jsonl, logs in FILE.logs/ and "
+                        "the sweep's lock FILE.lock go next to it)")
+    p.add_argument("--max-devices", type=_positive(int, "--max-devices"), default=None,
+                   help="GPUs/ranks available (pow2 expansion; runs that need more get a "
+                        "skipped row); default: all CUDA devices, or the CPU cores")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="device the driver trains on")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="re-run runs whose row is fail or timeout (skipped runs re-run by "
+                        "themselves once enough devices are available)")
+    p.add_argument("--timeout", type=_positive(float, "--timeout"), default=1800.0,
+                   help="seconds per run, start-up included (a finite number > 0)")
+    p.add_argument("--error-stop", action="store_true", help="stop at the first fail row")
+    p.add_argument("--repeat", type=_positive(int, "--repeat"), default=1,
+                   help="interleaved rounds: every run once, then every run again ...; each row "
+                   "records its round (column Repeat), resume continues within a round")
+    p.add_argument("--wait", action="store_true",
+                   help="if another sweep uses the results file, wait for it instead of "
+                        "refusing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the commands of the pending runs and exit")
+    p.add_argument("--estimate", action="store_true",
+                   help="print a FLOP-based runtime estimate of every run and exit")
+    p.add_argument("--gflops", type=_positive(float, "--gflops"), default=150.0,
+                   help="GEMM rate (GFLOP/s) assumed by --estimate")
+    p.add_argument("--efficiency", type=_positive(float, "--efficiency"), default=0.5,
+                   help="fraction of --gflops a training step reaches, for --estimate")
+    p.add_argument("--debug", action="store_true",
+                   help="show the full traceback of a config/usage error")
+    return p
+
+
+def _estimate(args: argparse.Namespace) -> None:
+    runs = load_runs(args.config, max_devices=args.max_devices or 8)
+    total = 0.0
+    for spec in runs:
+        sec = estimate_run_seconds(spec, args.gflops * 1e9, args.efficiency)
+        total += sec
+        print(f"{spec.label:60s} ~{format_duration(sec)}")
+    print(f"{len(runs)} runs, ~{format_duration(total)} at {args.gflops:g} GFLOP/s x "
+          f"{args.efficiency:g} (start-up included)")
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description="Run a benchmark config (resumable).")
-    parser.add_argument("config")
-    parser.add_argument("--results", default="results/results.tsv")
-    parser.add_argument("--max-devices", type=int, default=None,
-                        help="GPUs/ranks available (pow2 expansion, skipping); default: all")
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--retry-failed", action="store_true", help="re-run fail/timeout rows")
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
-    parser.add_argument("--error-stop", action="store_true", help="stop at the first fail")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
-    parser.add_argument("--estimate", action="store_true",
-                        help="print a FLOP-based runtime estimate and exit")
-    parser.add_argument("--gflops", type=float, default=150.0, help="GEMM rate for --estimate")
-    parser.add_argument("--efficiency", type=float, default=0.5, help="for --estimate")
-    args = parser.parse_args(argv)
-    if args.estimate:
-        runs = load_runs(args.config, max_devices=args.max_devices or 8)
-        total = 0.0
-        for spec in runs:
-            sec = estimate_run_seconds(spec, args.gflops * 1e9, args.efficiency)
-            total += sec
-            print(f"{spec.label:60s} ~{format_duration(sec)}")
-        print(f"{len(runs)} runs, ~{format_duration(total)} at {args.gflops:g} GFLOP/s x "
-              f"{args.efficiency:g} (start-up included)")
-        return 0
-    bad = run_sweep(args.config, args.results, args.max_devices, args.device,
-                    args.retry_failed, args.timeout, args.dry_run, args.error_stop)
-    return 1 if bad and args.error_stop else 0
+    """Run the command line; returns the exit status (see ``--help``'s epilog)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        if args.estimate:
+            _estimate(args)
+            return 0
+        bad = run_sweep(args.config, args.results, args.max_devices, args.device,
+                        args.retry_failed, args.timeout, args.dry_run, args.error_stop,
+                        wait=args.wait, repeat=args.repeat)
+        return 1 if bad else 0
+    except SlapoError as exc:
+        if args.debug:
+            raise
+        print(f"end2end.sweep: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the current run was stopped and nothing of it kept; resume with: "
+              f"python -m end2end.sweep {shell_join(argv)}", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -81,8 +81,8 @@ def test_torchrun_crash_on_rank1_and_resume(tmp_path, monkeypatch):
     assert row.status == "fail" and row.error.startswith("rank 1: RuntimeError: injected crash")
     log = next((tmp_path / "r.tsv.logs").iterdir()).read_text()
     assert "end2end.bench: fail: rank 1" in log
-    # resume: the run has a row, nothing is launched again, no row is added
-    assert run_sweep(str(cfg), str(results), max_devices=2) == 0
+    # resume: the run has a row, nothing is launched again, no row is added; still not ok
+    assert run_sweep(str(cfg), str(results), max_devices=2) == 1
     assert len(read_results(results).rows) == 1
 
 
@@ -101,7 +101,7 @@ def test_fault_injection_and_oom_detection():
     maybe_inject_fault(0, {FAULT_ENV: "oom@1"})  # another rank's fault
     with pytest.raises(torch.OutOfMemoryError):
         maybe_inject_fault(1, {FAULT_ENV: "oom@1"})
-    with pytest.raises(ValueError, match="expected oom or crash"):
+    with pytest.raises(ValueError, match="expected oom, crash or kill"):
         maybe_inject_fault(0, {FAULT_ENV: "segv"})
     assert is_oom(MemoryError()) and is_oom(RuntimeError("CUDA out of memory. Tried"))
     assert not is_oom(RuntimeError("shape mismatch"))

@@ -49,8 +49,20 @@ def test_runs_needing_more_devices_become_skipped_rows(tmp_path, capsys):
     assert run_sweep(str(cfg), str(res), max_devices=2) == 1
     (row,) = read_results(res).rows
     assert row.status == "skipped" and "needs 4 devices" in row.error
-    assert run_sweep(str(cfg), str(res), max_devices=2) == 0  # resumed: nothing left
-    assert "0 to run" in capsys.readouterr().out
+    # resumed: nothing left to run, but the run is still not ok (exit status 1)
+    assert run_sweep(str(cfg), str(res), max_devices=2) == 1
+    out = capsys.readouterr().out
+    assert "0 to run" in out and "1 of 1 runs not ok: 1 skipped" in out
+
+
+def test_skipped_runs_run_again_once_enough_devices_are_there(tmp_path, capsys):
+    cfg = tmp_path / "c.cfg"
+    cfg.write_text("slapo cpu/bert 4 128 0 4 0\n")
+    res = tmp_path / "r.tsv"
+    assert run_sweep(str(cfg), str(res), max_devices=2) == 1
+    capsys.readouterr()
+    run_sweep(str(cfg), str(res), max_devices=4, dry_run=True)  # the reason is gone
+    assert "--nproc_per_node=4" in capsys.readouterr().out
 
 
 def test_two_local_nodes_run_for_real(tmp_path, capsys):

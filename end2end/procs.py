@@ -1,0 +1,126 @@
+"""Start one launcher (``torchrun``) and stop it with everything it started.
+
+Why this is not just ``killpg``: the sweep starts the launcher in its own session so that a
+Ctrl-C in the terminal reaches only the sweep, but ``torchrun`` in turn starts every rank in a
+session of its own. Killing the launcher's process group leaves the ranks running (the bug
+of issue 19: an interrupted sweep kept training in the background). :func:`stop_tree` therefore
+signals the launcher's group *and* every descendant process (found with ``psutil``, which
+deepspeed already depends on), waits, and kills what is left.
+
+:func:`run_logged` runs a command with its output in a log file and a timeout;
+:func:`signal_death` reads the launcher's log for a rank that a signal killed, so that a row
+says ``rank 1 killed by SIGKILL`` instead of torchrun's ``error_file: <N/A>``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import psutil
+
+__all__ = ["run_logged", "stop_tree", "signal_death", "GRACE_S"]
+
+GRACE_S = 10.0  # seconds between SIGTERM and SIGKILL
+
+
+def _descendants(pid: int) -> List[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _signal_all(procs: Sequence[psutil.Process], sig: int) -> None:
+    for proc in procs:
+        try:
+            proc.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = GRACE_S) -> List[int]:
+    """Stop ``proc`` (started with ``start_new_session=True``) and every process below it:
+    SIGTERM to the launcher's group and to each descendant, then SIGKILL after ``grace``
+    seconds to whatever is still alive. Returns the pids that were stopped."""
+    tree = [psutil.Process(proc.pid)] if proc.poll() is None else []
+    tree += _descendants(proc.pid)
+    pids = [p.pid for p in tree]
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        pass
+    _signal_all(tree, signal.SIGTERM)
+    _, alive = psutil.wait_procs(tree, timeout=grace)
+    alive += [p for p in _descendants(proc.pid) if p.pid not in pids]  # started meanwhile
+    if alive:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        _signal_all(alive, signal.SIGKILL)
+        psutil.wait_procs(alive, timeout=grace)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:  # pragma: no cover (SIGKILL cannot be ignored)
+        pass
+    return pids + [p.pid for p in alive if p.pid not in pids]
+
+
+def run_logged(cmd: Sequence[str], log: Path, timeout: Optional[float]) -> Tuple[int, bool]:
+    """Run ``cmd`` in its own session with stdout+stderr to ``log`` (first line: the command).
+
+    Returns ``(returncode, timed_out)``. On a timeout, and on any exception while waiting
+    (``KeyboardInterrupt`` from Ctrl-C or the sweep's SIGTERM handler), the whole process tree
+    is stopped before this returns or re-raises, so no rank outlives the call.
+    """
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        fh.write(" ".join(cmd) + "\n")
+        fh.flush()
+        proc = subprocess.Popen(list(cmd), stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout), False
+        except subprocess.TimeoutExpired:
+            stop_tree(proc)
+            return proc.returncode, True
+        except BaseException:
+            with _signals_ignored():
+                stop_tree(proc)
+            raise
+
+
+class _signals_ignored:
+    """Ignore SIGINT/SIGTERM for a moment (a second Ctrl-C must not interrupt the clean-up)."""
+
+    def __enter__(self):
+        self.saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def __exit__(self, *exc):
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
+
+
+_EXITCODE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+
+
+def signal_death(log: Path) -> Optional[str]:
+    """``rank 1 killed by SIGKILL`` when torchrun's failure summary in ``log`` reports a rank
+    whose exit code is a negative signal number; None otherwise."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    for rank, code in _EXITCODE.findall(text):
+        if int(code) < 0:
+            try:
+                name = signal.Signals(-int(code)).name
+            except ValueError:
+                name = f"signal {-int(code)}"
+            return f"rank {rank} killed by {name}"
+    return None
