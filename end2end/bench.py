@@ -4,7 +4,7 @@
         --mode MODE --model MODEL --seq-len S --dec-seq-len D --batch-size B --ckpt C \\
         --results FILE [--steps 40] [--warmup 5] [--dtype fp32|fp16|bf16] \\
         [--tp T] [--pp P] [--micro-batch-size M] [--device cpu|cuda] \\
-        [--peak-tflops X] [--gemm-seconds 0.5]
+        [--peak-tflops X] [--gemm-seconds 0.5] [--knob NAME=VALUE ...] [--repeat R]
 
 (``end2end.sweep`` and ``end2end.launch`` build this command line from a config line; a plain
 ``python -m end2end.bench ...`` is a one-rank run.) Every mode goes through the same code:
@@ -18,7 +18,8 @@
 3. the model is built from the zoo (:mod:`end2end.models`, random weights, no downloads); the
    Slapo modes get their model schedule (:mod:`slapo.model_schedule`: op-library SDPA
    attention, fusion, ``ckpt_ratio`` = CKPT; TP = the world size for ``slapo-megatron`` and
-   ``slapo``, no TP under ZeRO-3 for ``slapo-deepspeed``; with ``--pp`` also the stage cuts), and
+   ``slapo``, no TP under ZeRO-3 for ``slapo-deepspeed``; with ``--pp`` also the stage cuts;
+   ``--knob NAME=VALUE`` adds recipe knobs, :mod:`end2end.knobs`), and
    :func:`end2end.runtimes.make_runner` wraps it in the mode's runtime;
 4. ``warmup`` steps run untimed, then ``steps`` timed steps (:class:`~end2end.measure.StepTimer`:
    device sync + barrier around the window, the slowest rank's time);
@@ -65,32 +66,65 @@ _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 _RUN_COUNTER = itertools.count()  # distinguishes several runs in one process (tests)
 
 
-def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m end2end.bench",
-                                description="Train one benchmark run and append its row.")
-    p.add_argument("--mode", required=True)
+def build_parser() -> argparse.ArgumentParser:
+    """The driver's command line (every option documented; numbers checked here)."""
+    from .cli import HelpFormatter, number
+    from .runspec import MODES
+
+    p = argparse.ArgumentParser(
+        prog="python -m end2end.bench", formatter_class=HelpFormatter,
+        description="Train one benchmark run and append its row to --results (under torchrun: "
+                    "one process per rank). Invalid arguments exit 2 without a row; a failed "
+                    "run is a fail/oom row and exit 1.")
+    p.add_argument("--mode", required=True, choices=MODES,
+                   help="system: Megatron-LM, Slapo-TP, DeepSpeed ZeRO-3, Slapo-ZeRO3, plain "
+                        "PyTorch, Slapo on plain PyTorch")
     p.add_argument("--model", required=True, help="a zoo name (python -m end2end.models)")
-    p.add_argument("--seq-len", type=int, required=True)
-    p.add_argument("--dec-seq-len", type=int, default=0)
-    p.add_argument("--batch-size", type=int, required=True, help="global batch")
-    p.add_argument("--ckpt", default="0", help="CKPT as in a config line")
+    p.add_argument("--seq-len", type=number(int, minimum=1), required=True,
+                   help="encoder sequence length (WideResNet: 1)")
+    p.add_argument("--dec-seq-len", type=number(int, minimum=0), default=0,
+                   help="decoder sequence length (T5 only)")
+    p.add_argument("--batch-size", type=number(int, minimum=1), required=True,
+                   help="global batch (all ranks together)")
+    p.add_argument("--ckpt", default="0", help="activation checkpointing as in a config line's "
+                   "CKPT: a ratio in [0, 1] for Slapo modes, 0/full/selective for megatron, "
+                   "0/1 for deepspeed/eager")
     p.add_argument("--results", required=True, help="results TSV to append the row to")
-    p.add_argument("--steps", type=int, default=None, help=f"default {DEFAULTS['steps']}")
-    p.add_argument("--warmup", type=int, default=None, help=f"default {DEFAULTS['warmup']}")
-    p.add_argument("--dtype", choices=tuple(_DTYPES), default=None, help="default fp32")
-    p.add_argument("--tp", type=int, default=None)
-    p.add_argument("--pp", type=int, default=None)
-    p.add_argument("--micro-batch-size", type=int, default=None)
+    p.add_argument("--steps", type=number(int, minimum=1), default=None,
+                   help=f"timed training steps, >= 1 (default: {DEFAULTS['steps']})")
+    p.add_argument("--warmup", type=number(int, minimum=0), default=None,
+                   help=f"untimed steps before them, >= 0 (default: {DEFAULTS['warmup']})")
+    p.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
+                   help=f"parameter/activation dtype (default: {DEFAULTS['dtype']})")
+    p.add_argument("--tp", type=number(int, minimum=1), default=None,
+                   help="tensor-parallel size (default: the mode's layout, see README)")
+    p.add_argument("--pp", type=number(int, minimum=1), default=None,
+                   help="pipeline stages; > 1 pipelines the slapo/slapo-deepspeed modes "
+                        "(default: 1)")
+    p.add_argument("--micro-batch-size", type=number(int, minimum=1), default=None,
+                   help="micro-batch per rank (megatron modes, pipelines; default: P "
+                        "micro-batches when they divide the rank's batch, else one)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                   help="default: CUDA when available")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="per-rank peak for MFU (skips the in-run GEMM measurement)")
-    p.add_argument("--gemm-seconds", type=float, default=0.5,
+                   help="training device (default: CUDA when available)")
+    p.add_argument("--peak-tflops", type=number(float, above=0), default=None,
+                   help="per-rank peak TFLOP/s for MFU; skips the in-run GEMM measurement "
+                        "(default: measured)")
+    p.add_argument("--gemm-seconds", type=number(float, above=0), default=0.5,
                    help="duration of the in-run GEMM-rate measurement")
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                   help="a model-schedule knob of the Slapo modes (repeatable), e.g. "
+                   "shard_embedding=False; recorded in the Knobs column and the run's key")
+    p.add_argument("--repeat", type=number(int, minimum=0), default=0,
+                   help="index of an interleaved repeat (part of the run's key)")
     p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
                    help="CPU: leave glibc's malloc thresholds alone (default: "
                    "slapo.keep_freed_memory(), the same for every mode)")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse the driver's command line (exit 2 with a message on a bad value)."""
+    return build_parser().parse_args(argv)
 
 
 def spec_from_args(args: argparse.Namespace, world_size: int):
@@ -100,8 +134,22 @@ def spec_from_args(args: argparse.Namespace, world_size: int):
     spec = make_run_spec(args.mode, args.model, world_size, args.seq_len, args.dec_seq_len,
                          args.batch_size, args.ckpt, steps=args.steps, warmup=args.warmup,
                          dtype=args.dtype, tp=args.tp, pp=args.pp,
-                         micro_batch=args.micro_batch_size)
+                         micro_batch=args.micro_batch_size, repeat=args.repeat)
+    spec = replace(spec, knobs=_knob_text(args.knob))  # checked in the run: a bad knob is a row
     return replace(spec, **{k: v for k, v in DEFAULTS.items() if getattr(spec, k) is None})
+
+
+def _knob_text(items: Sequence[str]) -> str:
+    """The canonical knob text, or (when the knobs do not even parse) the items as typed, so
+    that the failed run still has a key and a row."""
+    from slapo.errors import ConfigError
+
+    from .knobs import format_knobs
+
+    try:
+        return format_knobs(items)
+    except ConfigError:
+        return ",".join(sorted(items))
 
 
 def _import_runtime(mode: str) -> None:
@@ -146,6 +194,7 @@ def _layout(spec) -> Dict[str, int]:
 
 
 def _make_runner(spec, layout: Dict[str, int], torch_dtype, device):
+    from .knobs import parse_knobs
     from .models import build_hf_config, build_model, get_model_spec, make_inputs
     from .pipeline_plan import deepspeed_pipeline_config, pipeline_knobs
     from .runtimes import ModelSchedule, make_runner
@@ -157,7 +206,7 @@ def _make_runner(spec, layout: Dict[str, int], torch_dtype, device):
         target = build_model(model_spec, seed=0, device=device)
     schedule = None
     if spec.is_slapo:
-        knobs: Dict[str, Any] = dict(ckpt_ratio=spec.ckpt_ratio or 0.0)
+        knobs: Dict[str, Any] = dict(parse_knobs(spec.knobs), ckpt_ratio=spec.ckpt_ratio or 0.0)
         if layout["pp"] > 1:  # even stages, traced with one micro-batch of the run's shapes
             example = make_inputs(model_spec, layout["micro_batch"], spec.seq_len,
                                   spec.dec_seq_len, device=device, dtype=torch_dtype)
@@ -264,7 +313,9 @@ def run_bench(args: argparse.Namespace) -> int:
     """
     from slapo.runtime.distributed import init_distributed, teardown
 
+    from .knobs import check_run_knobs
     from .measure import is_oom
+    from .models import get_model_spec
 
     run_id = next(_RUN_COUNTER)
     spec, rank, extra = None, int(os.environ.get("RANK", "0")), {}
@@ -273,6 +324,7 @@ def run_bench(args: argparse.Namespace) -> int:
         env = init_distributed()
         rank = env.rank
         spec = spec_from_args(args, env.world_size)
+        check_run_knobs(spec.mode, get_model_spec(spec.model).schedule, spec.knobs)
         if args.device == "cuda" and env.device.type != "cuda":
             raise RuntimeError("--device cuda but no CUDA device is available")
         extra["loadavg_start"] = list(os.getloadavg())

@@ -20,7 +20,9 @@ One benchmark case per line (whitespace separated, shell-style quotes)::
 * ``#@ steps=10 warmup=2 dtype=fp32`` sets run options for the following lines (the artifact's
   parser skips such lines as comments, so files stay compatible). Options: ``steps``,
   ``warmup``, ``dtype`` (fp32/fp16/bf16), ``tp``, ``pp``, ``micro_batch`` (multi-node layouts;
-  default: the artifact's, see :attr:`RunSpec.parallel_sizes`); ``#@ reset`` clears them.
+  default: the artifact's, see :attr:`RunSpec.parallel_sizes`), ``knobs`` (model-schedule
+  knobs of the Slapo modes, the rest of the pragma: ``#@ knobs=shard_embedding=False``; an
+  empty ``#@ knobs=`` drops them; see :mod:`end2end.knobs`); ``#@ reset`` clears them all.
 
 Errors name the place: ``cpu.cfg:7: CKPT 'half' is not valid for mode 'slapo'. Hint: ...``.
 """
@@ -36,6 +38,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 from slapo.errors import ConfigError, SlapoError
 
 from .expr import check_expression, evaluate_batch_size
+from .knobs import check_run_knobs, format_knobs, parse_knobs
 from .models import get_model_spec
 from .runspec import (MODES, SLAPO_MODES, ConfigLine, RunSpec, default_parallel_sizes,
                       format_ratio, run_key)
@@ -44,11 +47,11 @@ __all__ = [
     "MODES", "SLAPO_MODES", "ConfigLineError", "ConfigWarning", "ConfigLine", "RunSpec",
     "parse_config", "parse_lines", "expand", "load_runs", "format_ratio", "run_key",
     "default_parallel_sizes",
-    "make_run_spec", "with_options",
+    "make_run_spec", "with_options", "interleave",
 ]
 
 FIELDS = "MODE MODEL GPUS SEQ_LEN DEC_SEQ_LEN BATCH_SIZE CKPT"
-OPTION_KEYS = ("steps", "warmup", "dtype", "tp", "pp", "micro_batch")
+OPTION_KEYS = ("steps", "warmup", "dtype", "tp", "pp", "micro_batch", "knobs")
 DTYPES = ("fp32", "fp16", "bf16")
 
 
@@ -142,6 +145,16 @@ def _parse_options(text: str, source: str, options: Dict[str, object]) -> None:
             if value not in DTYPES:
                 raise ConfigLineError(source, f"dtype {value!r} is not one of {DTYPES}")
             options[key] = value
+        elif key == "knobs":  # the rest of the line: knobs=a=1,b=x (empty: reset)
+            try:
+                options[key] = format_knobs(parse_knobs(text.split("knobs=", 1)[1].strip(),
+                                                        source))
+            except ConfigError as exc:
+                raise ConfigLineError(source, exc.what.removeprefix(f"{source}: "),
+                                      hint=exc.hint) from None
+            if not options[key]:
+                del options[key]
+            return
         else:
             options[key] = _parse_int(key, value, source, 0 if key == "warmup" else 1)
 
@@ -174,8 +187,10 @@ def _parse_line(tokens: List[str], source: str, strict: bool,
                               f"positions of {model}", hint="shorten the sequence")
     try:
         check_expression(batch)
+        check_run_knobs(mode, spec.schedule, str(options.get("knobs", "")), source)
     except SlapoError as exc:
-        raise ConfigLineError(source, exc.what, hint=exc.hint) from None
+        raise ConfigLineError(source, exc.what.removeprefix(f"{source}: "),
+                              hint=exc.hint) from None
     line = ConfigLine(mode, model, _parse_gpus(gpus, source), seq_len, dec_len, batch,
                       _parse_ckpt(mode, ckpt, source, strict), source,
                       tuple(sorted(options.items())))
@@ -209,9 +224,16 @@ def parse_config(path: Union[str, Path], strict: bool = False) -> List[ConfigLin
     """Parse a config file (see the module docstring for the grammar)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config {str(path)!r}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8-sig")  # a BOM (Windows editors) is not part of line 1
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigLineError(f"{path}:{line}", f"the file is not UTF-8 (byte "
+                              f"{data[exc.start]:#04x})", hint="save the config as UTF-8 "
+                              "(configs are ASCII: modes, model names, numbers)") from None
     return parse_lines(text.splitlines(), filename=str(path), strict=strict)
 
 
@@ -280,13 +302,28 @@ def make_run_spec(mode: str, model: str, n: int, seq_len: int, dec_seq_len: int,
                   **options: object) -> RunSpec:
     """A validated :class:`RunSpec` from command-line values (the driver's entry point): the
     same checks and canonical CKPT as a config line. ``options``: steps, warmup, dtype, tp, pp,
-    micro_batch (None = unset)."""
+    micro_batch, knobs (canonical text), repeat (None = unset)."""
     text = shlex.join([mode, model, str(n), str(seq_len), str(dec_seq_len), str(batch_size),
                        str(ckpt)])
     (spec,) = expand(parse_lines([text], source))
     spec = replace(spec, **{k: v for k, v in options.items() if v is not None})
     _check_layout(spec)
+    if spec.repeat < 0:
+        raise ConfigLineError(source, f"repeat index {spec.repeat} is negative")
+    try:
+        check_run_knobs(spec.mode, get_model_spec(spec.model).schedule, spec.knobs)
+    except SlapoError as exc:
+        raise ConfigLineError(source, exc.what, hint=exc.hint) from None
     return spec
+
+
+def interleave(runs: Sequence[RunSpec], repeat: int) -> List[RunSpec]:
+    """``repeat`` interleaved rounds: every run once (repeat index 0), then every run again
+    (index 1) ..., so a drifting machine slows every run of a round alike."""
+    if not isinstance(repeat, int) or repeat < 1:
+        raise ConfigError(f"repeat {repeat!r}: the number of rounds must be at least 1",
+                          hint="e.g. --repeat 3")
+    return [replace(s, repeat=r) for r in range(repeat) for s in runs]
 
 
 def with_options(spec: RunSpec, **options: object) -> RunSpec:

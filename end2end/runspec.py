@@ -30,17 +30,20 @@ def default_parallel_sizes(mode: str, n: int) -> Tuple[int, int, int]:
 
 
 def run_key(mode: str, model: str, seq_len: int, dec_seq_len: int, n: int, batch_size: int,
-            ckpt: str, tp: Optional[int] = None, pp: Optional[int] = None) -> Tuple:
+            ckpt: str, tp: Optional[int] = None, pp: Optional[int] = None, knobs: str = "",
+            repeat: int = 0) -> Tuple:
     """The identity of a run, in results-column order (Impl Model Seq DecSeq nGPU Batch Ckpt),
     then its layout: ``""`` for the mode's default (:func:`default_parallel_sizes`; also when
     ``tp``/``pp`` are unknown), else ``"tp<T>.pp<P>"``, so a pipelined and a default run of
-    the same line are two runs."""
+    the same line are two runs; then the schedule knobs (canonical text,
+    :func:`end2end.knobs.format_knobs`) and the repeat index (interleaved repeats of a sweep).
+    Rows written before knobs and repeats existed read as ``""`` and 0."""
     layout = ""
     if tp is not None and pp is not None \
             and (int(tp), int(pp)) != default_parallel_sizes(mode, int(n))[:2]:
         layout = f"tp{int(tp)}.pp{int(pp)}"
     return (mode, model, int(seq_len), int(dec_seq_len), int(n), int(batch_size), str(ckpt),
-            layout)
+            layout, knobs or "", int(repeat or 0))
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,10 @@ class ConfigLine:
 class RunSpec:
     """One benchmark run: a config line at one GPU/rank count ``n``.
 
-    ``key`` (mode, model, seq, dec, n, batch, ckpt) identifies the run in a results file; it does
-    not include ``source`` or the run options, so moving a line or changing ``steps`` keeps it.
+    ``key`` (mode, model, seq, dec, n, batch, ckpt, layout, knobs, repeat) identifies the run in
+    a results file; it does not include ``source`` or the other run options, so moving a line or
+    changing ``steps`` keeps it. ``knobs``: model-schedule knobs, canonical text
+    (:mod:`end2end.knobs`); ``repeat``: the index of an interleaved repeat (0 = the first).
     """
 
     mode: str
@@ -81,12 +86,14 @@ class RunSpec:
     tp: Optional[int] = field(default=None, compare=False)
     pp: Optional[int] = field(default=None, compare=False)
     micro_batch: Optional[int] = field(default=None, compare=False)
+    knobs: str = ""
+    repeat: int = 0
 
     @property
     def key(self) -> Tuple:
         tp, pp, _ = self.parallel_sizes
         return run_key(self.mode, self.model, self.seq_len, self.dec_seq_len, self.n,
-                       self.batch_size, self.ckpt, tp, pp)
+                       self.batch_size, self.ckpt, tp, pp, self.knobs, self.repeat)
 
     @property
     def framework(self) -> str:
@@ -124,7 +131,10 @@ class RunSpec:
 
     @property
     def label(self) -> str:
-        return f"{self.mode} {self.model} n={self.n} bs={self.batch_size} ckpt={self.ckpt}"
+        text = f"{self.mode} {self.model} n={self.n} bs={self.batch_size} ckpt={self.ckpt}"
+        if self.knobs:
+            text += f" [{self.knobs}]"
+        return text + (f" (repeat {self.repeat})" if self.repeat else "")
 
     def cli_args(self) -> List[str]:
         """Arguments of ``python -m end2end.bench`` for this run (without ``--results``)."""
@@ -136,4 +146,6 @@ class RunSpec:
                             ("--micro-batch-size", self.micro_batch)):
             if value is not None:
                 args += [name, str(value)]
-        return args
+        for item in filter(None, self.knobs.split(",")):
+            args += ["--knob", item]
+        return args + (["--repeat", str(self.repeat)] if self.repeat else [])

@@ -28,9 +28,10 @@ from .config import ScheduleConfig, checkpoint_layer_ids
 
 __all__ = [
     "TPMode", "backbone", "join", "layer_paths", "disable_kv_cache", "tp_mode",
-    "replace_attention", "replace_mlp", "native_gelu", "sdpa_masks", "column_parallel",
-    "row_parallel", "shard_attention", "shard_mlp", "shard_embedding", "shard_lm_head",
-    "sequence_parallel_region", "LayerPlan", "schedule_layers", "checkpoint_layers", "cut_pipeline",
+    "replace_attention", "replace_mlp", "replace_residual_norm", "native_gelu", "sdpa_masks",
+    "column_parallel", "row_parallel", "shard_attention", "shard_mlp", "shard_embedding",
+    "shard_lm_head", "sequence_parallel_region", "LayerPlan", "schedule_layers",
+    "checkpoint_layers", "cut_pipeline",
 ]
 
 
@@ -138,6 +139,21 @@ def replace_mlp(sch: Schedule, path: str, cfg: ScheduleConfig, bias_gelu: Any) -
     compile_ = None if bias_gelu == "eager" else bias_gelu
     with init_empty_weights(enable=cfg.delay_init):
         new = mlp_from_hf(sch[path].mod, fuse_bias_gelu=True, compile=compile_)
+    sch[path].replace(new)
+    return True
+
+
+def replace_residual_norm(sch: Schedule, path: str, cfg: ScheduleConfig, how: Any) -> bool:
+    """With ``how`` (True = ``torch.compile`` inductor, a string = that backend, ``"eager"`` =
+    the unfused reference), replace the sub-layer epilogue at ``path`` (BERT's
+    ``attention.output`` / ``output``) by the op library's: the dense bias decomposed and fused
+    with dropout, the residual add and the LayerNorm (:func:`slapo.op.residual_norm_from_hf`)."""
+    from ..op import residual_norm_from_hf
+
+    if how is False or how is None:
+        return False
+    with init_empty_weights(enable=cfg.delay_init):
+        new = residual_norm_from_hf(sch[path].mod, compile=None if how == "eager" else how)
     sch[path].replace(new)
     return True
 

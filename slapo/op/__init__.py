@@ -2,7 +2,8 @@
 
 Attention (``attention``, ``AttentionOp``, ``SelfAttention``, HF adapters via
 ``attention_from_hf``), fused element-wise ops (``bias_gelu``, ``bias_dropout_residual`` ...),
-MLPs (``MLP``, ``GatedMLP``, ``mlp_from_hf``), conv+BatchNorm folding for inference
+MLPs (``MLP``, ``GatedMLP``, ``mlp_from_hf``), the fused sub-layer epilogue of BERT/RoBERTa
+(``DenseDropoutResidualNorm``, ``residual_norm_from_hf``), conv+BatchNorm folding for inference
 (``fuse_conv_bn``, ``fuse_conv_bn_split``, ``ChannelBias``). Used with ``sch[path].replace(...)``.
 Builders from HF modules record the parameter provenance ``slapo.verify`` uses
 (:mod:`slapo.provenance`).
@@ -39,6 +40,7 @@ from .hf_attention import (
 )
 from .hf_t5_attention import HFT5Attention
 from .mlp import MLP, DenseActivation, GatedMLP, mlp_from_hf
+from .residual_norm import DenseDropoutResidualNorm, residual_norm_from_hf
 from .self_attention import SelfAttention, apply_rotary, fuse_qkv, split_qkv
 
 __all__ = [
@@ -51,5 +53,6 @@ __all__ = [
     "bias_dropout_residual_layer_norm_reference", "FusedBiasGeLU", "FusedBiasDropoutResidual",
     "LinearBiasGeLU",
     "MLP", "GatedMLP", "DenseActivation", "mlp_from_hf",
+    "DenseDropoutResidualNorm", "residual_norm_from_hf",
     "fuse_conv_bn", "fuse_conv_bn_split", "fold_conv_bn", "ChannelBias",
 ]

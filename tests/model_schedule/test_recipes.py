@@ -48,6 +48,7 @@ def test_tp1_variants():
     check_family("bert", fuse=False, fuse_bias_gelu="eager")
     check_family("llama", fuse=False)
     check_family("bert", attn_kernel="eager", ckpt_ratio=0.5)
+    check_family("roberta", fuse_bias_dropout_ln="eager", fuse_bias_gelu="eager", ckpt_ratio=0.5)
 
 
 TP2_CASES = [(f, dict(ckpt_ratio=r)) for f in FAMILIES for r in (0.0, 1.0)] + [
@@ -57,6 +58,7 @@ TP2_CASES = [(f, dict(ckpt_ratio=r)) for f in FAMILIES for r in (0.0, 1.0)] + [
     ("llama", dict(fuse=False)),
     ("t5", dict(fuse=False)),
     ("bert", dict(fuse_bias_gelu="eager")),
+    ("bert", dict(fuse_bias_dropout_ln="eager", ckpt_ratio=0.5)),
 ]
 
 
