@@ -95,6 +95,9 @@ def _func_name(node: ast.expr, expr: str) -> str:
 
 
 def _check_magnitude(value: Number, expr: str) -> Number:
+    if not isinstance(value, (int, float)):  # (-8)**0.5 is a complex number in Python
+        raise _fail(expr, f"a value is {value!r}, not a real number",
+                    "a negative number to a fractional power has no real value")
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         raise _fail(expr, f"the value {value} is not a number")
     if abs(value) > MAX_MAGNITUDE:
@@ -137,9 +140,10 @@ def _eval(node: ast.AST, n: int, expr: str) -> Number:
         if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and right == 0:
             raise _fail(expr, "division by zero")
         try:
-            return _check_magnitude(op(left, right), expr)
+            value = op(left, right)
         except (OverflowError, ZeroDivisionError, ValueError) as exc:
             raise _fail(expr, str(exc)) from None
+        return _check_magnitude(value, expr)
     if isinstance(node, ast.BoolOp):
         values = node.values
         result = _eval(values[0], n, expr)

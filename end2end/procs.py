@@ -106,21 +106,25 @@ class _signals_ignored:
             signal.signal(sig, handler)
 
 
-_EXITCODE = re.compile(r"rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)", re.M)
+_EXITCODE = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)", re.M)
 
 
 def signal_death(log: Path) -> Optional[str]:
-    """``rank 1 killed by SIGKILL`` when torchrun's failure summary in ``log`` reports a rank
-    whose exit code is a negative signal number; None otherwise."""
+    """``rank 1 killed by SIGKILL`` when the root cause in torchrun's failure summary in
+    ``log`` is a rank whose exit code is a negative signal number; None otherwise. (The other
+    ranks of the summary died of the SIGTERM torchrun sent them afterwards.)"""
     try:
         text = log.read_text(errors="replace")
     except OSError:
         return None
-    for rank, code in _EXITCODE.findall(text):
-        if int(code) < 0:
-            try:
-                name = signal.Signals(-int(code)).name
-            except ValueError:
-                name = f"signal {-int(code)}"
-            return f"rank {rank} killed by {name}"
-    return None
+    root = text[text.rfind("Root Cause"):] if "Root Cause" in text else text
+    rank, code = _RANK.search(root), _EXITCODE.search(root)
+    if not rank or not code or int(code.group(1)) >= 0:
+        return None
+    number = -int(code.group(1))
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    return f"rank {rank.group(1)} killed by {name}"

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from slapo.errors import ConfigError, SlapoError
+from slapo.errors import ConfigError
 
+from .cli import HelpFormatter, number, report_errors
 from .config import RunSpec, interleave, load_runs
 from .launch import shell_join, single_node_command
 from .procs import run_logged, signal_death
@@ -190,7 +191,9 @@ def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: floa
         except BaseException:
             rollback(out, start)  # nothing of the interrupted run stays: it is redone
             raise
-        if timed_out:  # a rank killed by the timeout may have written a misleading row
+        if timed_out or (rc != 0 and signal_death(log)):
+            # a rank stopped by the timeout, or the peer of a rank killed by a signal, may
+            # have written a row blaming the wrong thing ("connection closed"): ours says why
             rollback(out, start)
         status = "ok"
         if _rows_for(out, spec) == before:  # the driver wrote nothing: record why
@@ -208,23 +211,10 @@ def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: floa
     progress.summary()
 
 
-def _positive(kind: type, what: str):
-    """An argparse type: a finite number > 0 (``what`` names it in the error)."""
-    def convert(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (math.isfinite(value) and value > 0):
-            raise argparse.ArgumentTypeError(f"{text!r}: {what} must be a finite number > 0")
-        return value
-    return convert
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``python -m end2end.sweep`` command line (every option documented)."""
     p = argparse.ArgumentParser(
-        prog="python -m end2end.sweep", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="python -m end2end.sweep", formatter_class=HelpFormatter,
         description="Run every line of a benchmark config through the driver (end2end.bench), "
                     "one row per run, resumable: start it again to continue.",
         epilog="Exit status: 0 every run of the config has an ok row; 1 some runs are not ok "
@@ -237,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", default="results/results.tsv",
                    help="results TSV to append to (its JSON twin .jsonl, logs in FILE.logs/ and "
                         "the sweep's lock FILE.lock go next to it)")
-    p.add_argument("--max-devices", type=_positive(int, "--max-devices"), default=None,
+    p.add_argument("--max-devices", type=number(int, minimum=1), default=None,
                    help="GPUs/ranks available (pow2 expansion; runs that need more get a "
                         "skipped row); default: all CUDA devices, or the CPU cores")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -245,10 +235,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", action="store_true",
                    help="re-run runs whose row is fail or timeout (skipped runs re-run by "
                         "themselves once enough devices are available)")
-    p.add_argument("--timeout", type=_positive(float, "--timeout"), default=1800.0,
+    p.add_argument("--timeout", type=number(float, above=0), default=1800.0,
                    help="seconds per run, start-up included (a finite number > 0)")
     p.add_argument("--error-stop", action="store_true", help="stop at the first fail row")
-    p.add_argument("--repeat", type=_positive(int, "--repeat"), default=1,
+    p.add_argument("--repeat", type=number(int, minimum=1), default=1,
                    help="interleaved rounds: every run once, then every run again ...; each row "
                    "records its round (column Repeat), resume continues within a round")
     p.add_argument("--wait", action="store_true",
@@ -258,9 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the commands of the pending runs and exit")
     p.add_argument("--estimate", action="store_true",
                    help="print a FLOP-based runtime estimate of every run and exit")
-    p.add_argument("--gflops", type=_positive(float, "--gflops"), default=150.0,
+    p.add_argument("--gflops", type=number(float, above=0), default=150.0,
                    help="GEMM rate (GFLOP/s) assumed by --estimate")
-    p.add_argument("--efficiency", type=_positive(float, "--efficiency"), default=0.5,
+    p.add_argument("--efficiency", type=number(float, above=0), default=0.5,
                    help="fraction of --gflops a training step reaches, for --estimate")
     p.add_argument("--debug", action="store_true",
                    help="show the full traceback of a config/usage error")
@@ -287,7 +277,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
+
+    def run() -> int:
         if args.estimate:
             _estimate(args)
             return 0
@@ -295,11 +286,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         args.retry_failed, args.timeout, args.dry_run, args.error_stop,
                         wait=args.wait, repeat=args.repeat)
         return 1 if bad else 0
-    except SlapoError as exc:
-        if args.debug:
-            raise
-        print(f"end2end.sweep: error: {' '.join(str(exc).split())}", file=sys.stderr)
-        return 2
+
+    try:
+        return report_errors("end2end.sweep", run, args.debug)
     except KeyboardInterrupt:
         print(f"\ninterrupted: the current run was stopped and nothing of it kept; resume with: "
               f"python -m end2end.sweep {shell_join(argv)}", file=sys.stderr, flush=True)
