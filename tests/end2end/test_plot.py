@@ -3,7 +3,7 @@
 import pytest
 
 from end2end.config import expand, parse_lines
-from end2end.plot import figure7_table, main, make_figure, speedups
+from end2end.plot import Panel, figure7_table, main, make_figure, speedups
 from end2end.results import ResultRow, append_result, read_results
 
 LINES = ["megatron bert-xlarge 2,4 512 0 8 0", "slapo-megatron bert-xlarge 2,4 512 0 8 0",
@@ -29,18 +29,19 @@ def results_file(tmp_path):
 
 
 def test_table_takes_max_over_ckpt_and_keeps_failures(results_file):
-    table = figure7_table(read_results(results_file).rows)
-    assert list(table) == ["bert-xlarge", "roberta-xlarge", "cpu/bert"]
-    assert table["bert-xlarge"][2]["slapo-megatron"].thrpt == 13.0  # max(12, 12+1)
-    assert table["bert-xlarge"][2]["slapo-megatron"].rows == 2
-    cell = table["roberta-xlarge"][4]["deepspeed"]
+    table = figure7_table(read_results(results_file).rows, best=True)
+    assert [p.model for p in table] == ["bert-xlarge", "roberta-xlarge", "cpu/bert"]
+    bert, roberta = Panel("bert-xlarge", 512, 0), Panel("roberta-xlarge", 512, 0)
+    assert table[bert][2]["slapo-megatron"].thrpt == 13.0  # max(12, 12+1)
+    assert table[bert][2]["slapo-megatron"].rows == 2
+    cell = table[roberta][4]["deepspeed"]
     assert (cell.thrpt, cell.status) == (None, "oom")
-    assert "megatron" not in table["roberta-xlarge"][2]
+    assert "megatron" not in table[roberta][2]
 
 
 def test_speedups(results_file):
-    items = {(m, n, a, b): r for m, n, a, b, r in speedups(figure7_table(
-        read_results(results_file).rows))}
+    items = {(p.model, n, a, b): r for p, n, a, b, r in speedups(figure7_table(
+        read_results(results_file).rows, best=True))}
     assert items[("bert-xlarge", 2, "slapo-megatron", "megatron")] == pytest.approx(1.3)
     assert items[("bert-xlarge", 4, "slapo-deepspeed", "deepspeed")] == pytest.approx(11 / 8)
     assert items[("cpu/bert", 1, "slapo", "eager")] == pytest.approx(1.5)
@@ -49,22 +50,71 @@ def test_speedups(results_file):
 
 
 def test_figure_panels(results_file):
-    fig = make_figure(figure7_table(read_results(results_file).rows))
+    fig = make_figure(figure7_table(read_results(results_file).rows, best=True))
     visible = [ax for ax in fig.axes if ax.get_visible()]
-    assert [ax.get_title() for ax in visible] == ["BERT-1B", "RoBERTa-1.3B", "BERT (CPU)"]
+    assert [ax.get_title() for ax in visible] == ["BERT-1B · seq 512 · bs 8",
+                                                  "RoBERTa-1.3B · seq 512 · bs 8",
+                                                  "BERT (CPU) · seq 128 · bs 4"]
     assert len(visible[0].patches) == 8  # 4 systems with a throughput x 2 GPU counts
     assert [t.get_text() for t in visible[0].get_xticklabels()] == ["2", "4"]
     legend = [t.get_text() for t in fig.legends[0].get_texts()]
     assert legend[:6] == ["Megatron-LM", "Slapo-TP", "DeepSpeed", "Slapo-ZeRO3", "Eager", "Slapo"]
-    assert legend[6:] == ["OOM / failed", "not supported / not run"]
+    assert legend[6:] == ["OOM / failed", "not run"]
     assert len(visible[2].patches) == 2  # CPU panel: only the eager/slapo group
 
 
 def test_cli_writes_png_and_pdf(results_file, tmp_path, capsys):
     out = tmp_path / "figs" / "fig7"
-    assert main([str(results_file), "-o", str(out)]) == 0
+    assert main([str(results_file), "-o", str(out), "--best"]) == 0
     for suffix in (".png", ".pdf"):
         f = out.parent / ("fig7" + suffix)
         assert f.exists() and f.stat().st_size > 10_000
     printed = capsys.readouterr().out
-    assert "BERT-1B n=2: Slapo-TP / Megatron-LM = 1.30x" in printed
+    assert "BERT-1B seq 512 n=2: Slapo-TP / Megatron-LM = 1.30x" in printed
+
+
+def _rows(lines, thrpt):
+    return [ResultRow.from_spec(spec, "ok", thrpt=thrpt[spec.mode], device="cpu")
+            for spec in expand(parse_lines(lines, "c.cfg"))]
+
+
+def test_runs_at_other_sequence_lengths_are_never_compared(tmp_path, capsys):
+    """Issue 19: 'Slapo / Eager = 4.84x' came from eager at seq 64/bs 2 vs Slapo at 128/bs 8."""
+    path = tmp_path / "r.tsv"
+    for row in _rows(["eager cpu/bert 1 64 0 2 0", "slapo cpu/bert 1 128 0 8 0"],
+                     {"eager": 1.0, "slapo": 4.84}):
+        append_result(path, row, {"device": "cpu"})
+    assert main([str(path), "-o", str(tmp_path / "fig")]) == 0
+    out = capsys.readouterr().out
+    assert "Slapo / Eager" not in out and "no comparable pairs" in out
+    table = figure7_table(read_results(path).rows)
+    assert list(table) == [Panel("cpu/bert", 64, 0), Panel("cpu/bert", 128, 0)]
+
+
+def test_one_system_at_two_settings_is_refused_naming_the_clash(tmp_path, capsys):
+    path = tmp_path / "r.tsv"
+    for row in _rows(["slapo cpu/bert 1 128 0 2 0", "slapo cpu/bert 1 128 0 8 0",
+                      "eager cpu/bert 1 128 0 2 0"], {"eager": 1.0, "slapo": 2.0}):
+        append_result(path, row, {"device": "cpu"})
+    assert main([str(path), "-o", str(tmp_path / "fig")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "Slapo cpu/bert seq 128 n=1 has rows at batch 2 ckpt 0 and batch 8 ckpt 0" in err
+    assert "--best" in err and not (tmp_path / "fig.png").exists()
+    assert main([str(path), "-o", str(tmp_path / "fig"), "--best"]) == 0
+
+
+def test_a_system_without_any_row_keeps_its_slot_and_legend_entry(tmp_path):
+    path = tmp_path / "r.tsv"
+    for row in _rows(["slapo-megatron cpu/bert 2 128 0 4 0", "deepspeed cpu/bert 2 128 0 4 0",
+                      "slapo-deepspeed cpu/bert 2 128 0 4 0"],
+                     {"slapo-megatron": 3.0, "deepspeed": 2.0, "slapo-deepspeed": 2.5}):
+        append_result(path, row, {"device": "cpu"})
+    fig = make_figure(figure7_table(read_results(path).rows))
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["Megatron-LM", "Slapo-TP", "DeepSpeed", "Slapo-ZeRO3", "OOM / failed",
+                      "not run"]
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(ax.patches) == 3  # three bars ...
+    grey = [line for line in ax.lines if line.get_color() == "#aaaaaa"]
+    assert len(grey) == 1 and grey[0].get_xdata()[0] < min(p.get_x() for p in ax.patches)

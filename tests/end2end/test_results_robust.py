@@ -66,7 +66,7 @@ def test_damaged_lines_are_skipped_with_file_line_in_resume(tmp_path):
 
 def test_damaged_lines_are_skipped_with_file_line_in_plot(tmp_path, capsys):
     path, _, env_lineno, bad_lineno = _results_with_damage(tmp_path)
-    assert plot_main([str(path), "-o", str(tmp_path / "fig")]) == 0
+    assert plot_main([str(path), "-o", str(tmp_path / "fig"), "--best"]) == 0
     err = capsys.readouterr().err
     assert f"{path}:{env_lineno}:" in err and f"{path}:{bad_lineno}:" in err
     assert (tmp_path / "fig.png").exists()
