@@ -9,6 +9,11 @@ re-runs fail/timeout rows) it starts ``torchrun ... -m end2end.bench ... --resul
 timeout, logging to ``<results>.logs/``. The driver appends the row itself; if it dies without
 one, the sweep appends a ``fail``/``timeout`` row with the log's last line, and runs that need
 more devices than available get a ``skipped`` row: every run of the config ends as a row.
+
+Ctrl-C/SIGTERM stop the current run with its whole process tree (:mod:`end2end.procs`), cut
+the results file back to where the run started, print how to resume and exit 130; the sweep
+holds :class:`~end2end.sweeplock.SweepLock` on the results file for its lifetime. Exit status:
+0 all runs ok, 1 some not ok, 2 usage/config error, 130 interrupted (``--help``).
 """
 
 from __future__ import annotations
