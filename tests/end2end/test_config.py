@@ -92,7 +92,7 @@ def test_expansion_keys_and_options():
     assert [(r.mode, r.n, r.batch_size, r.ckpt) for r in runs] == [
         ("slapo", 1, 4, "0.5"), ("slapo", 2, 6, "0.5"), ("deepspeed", 1, 2, "1"),
         ("deepspeed", 2, 4, "1"), ("deepspeed", 4, 8, "1")]
-    assert runs[0].key == ("slapo", "bert-large-uncased", 128, 0, 1, 4, "0.5", "")
+    assert runs[0].key == ("slapo", "bert-large-uncased", 128, 0, 1, 4, "0.5", "", "", 0)
     assert runs[0].source == "t.cfg:2" and runs[0].steps == 7 and runs[0].dtype == "bf16"
     assert runs[0].cli_args()[:4] == ["--mode", "slapo", "--model", "bert-large-uncased"]
     assert runs[2].parallel_sizes == (1, 1, 1) and runs[4].parallel_sizes == (1, 1, 4)
@@ -157,7 +157,7 @@ def test_missing_file():
 def test_make_run_spec_for_the_driver():
     spec = make_run_spec("slapo-deepspeed", "cpu/gpt-neo", 2, 256, 0, 4, "1.0", steps=8,
                          dtype=None)
-    assert spec.key == ("slapo-deepspeed", "cpu/gpt-neo", 256, 0, 2, 4, "1", "")
+    assert spec.key == ("slapo-deepspeed", "cpu/gpt-neo", 256, 0, 2, 4, "1", "", "", 0)
     assert spec.steps == 8 and spec.dtype is None and spec.parallel_sizes == (1, 1, 2)
     assert spec.cli_args()[-2:] == ["--steps", "8"]
     with pytest.raises(ConfigLineError, match="<command line>:1: .*not valid for mode 'eager'"):

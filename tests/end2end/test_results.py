@@ -125,7 +125,7 @@ def test_a_pipelined_line_is_another_run_than_the_default_layout(tmp_path):
     path = tmp_path / "pp.tsv"
     default, piped = expand(parse_lines(["slapo cpu/bert 2 128 0 4 0",
                                          "#@ pp=2", "slapo cpu/bert 2 128 0 4 0"], "p.cfg"))
-    assert default.key != piped.key and piped.key[-1] == "tp1.pp2" and default.key[-1] == ""
+    assert default.key != piped.key and piped.key[7] == "tp1.pp2" and default.key[7] == ""
     append_result(path, _ok(default, 10.0), ENV)
     assert pending_runs([default, piped], path) == [piped]
     append_result(path, _ok(piped, 8.0), ENV)
