@@ -118,14 +118,20 @@ def test_knobs_through_the_driver(tmp_path):
     results = tmp_path / "r.tsv"
     codes = run_distributed(_knob_runs, 2, str(results), timeout=300)
     assert codes[0] == [0, 0, 1, 1, 1, 1]
-    replicated, sharded, typo, driver, syntax, eager = read_results(results).rows
+    rows = read_results(results).rows  # ranks write rows as they finish: find them by knobs
+    by = {(r.impl, r.knobs): r for r in rows}
+    assert len(rows) == len(by) == 6
+    tp = {k: r for (impl, k), r in by.items() if impl == "slapo-megatron"}
+    replicated, sharded = tp["shard_embedding=False"], tp[""]
+    typo, driver, syntax = tp["shard_embeding=False"], tp["ckpt_ratio=0.5"], tp["fuse"]
+    eager = by["eager", "fuse=False"]
     assert (replicated.knobs, replicated.repeat, replicated.status) == \
         ("shard_embedding=False", 1, "ok")
     assert (sharded.knobs, sharded.repeat, sharded.status) == ("", 0, "ok")
     # the knob reached the schedule: the replicated vocabulary is held whole on each rank
     assert replicated.per_gpu_param > sharded.per_gpu_param
-    assert typo.status == "fail" and typo.knobs == "shard_embeding=False"
+    assert typo.status == "fail"
     assert "did you mean 'shard_embedding'" in typo.error and "valid knobs:" in typo.error
     assert driver.status == "fail" and "set by the driver" in driver.error
-    assert syntax.status == "fail" and syntax.knobs == "fuse" and "NAME=VALUE" in syntax.error
+    assert syntax.status == "fail" and "NAME=VALUE" in syntax.error
     assert eager.status == "fail" and "Slapo modes only" in eager.error
