@@ -31,6 +31,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Un
 from slapo.errors import ConfigError
 
 from .config import RunSpec, format_ratio, run_key
+from .locked_file import Locked, append_line
 
 __all__ = [
     "COLUMNS", "ARTIFACT_COLUMNS", "STATUSES", "ResultsError", "ResultRow", "Results",
@@ -162,43 +163,6 @@ def twin_path(path: Union[str, Path]) -> Path:
     return Path(path).with_suffix(".jsonl")
 
 
-class _Locked:
-    """``with _Locked(path, exclusive) as fh``: ``path`` opened for append+read (binary) under
-    an ``flock``. Appends take it exclusively on the TSV around *both* writes (twin, then TSV),
-    readers shared, so rows reach the two files in one order even with concurrent writers."""
-
-    def __init__(self, path: Path, exclusive: bool = True):
-        self.path, self.mode = path, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-
-    def __enter__(self):
-        self.fh = open(self.path, "a+b")
-        fcntl.flock(self.fh, self.mode)
-        return self.fh
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.fh, fcntl.LOCK_UN)
-        self.fh.close()
-
-
-def _append_to(fh, text: str, header: str = "") -> None:
-    """Append ``text`` (one line) to the locked ``fh``; ``header`` first if the file is empty;
-    a torn last line (a writer killed mid-write) is closed off first."""
-    fh.seek(0, os.SEEK_END)
-    size = fh.tell()
-    data = b""
-    if size == 0:
-        data += header.encode()
-    else:
-        fh.seek(size - 1)
-        if fh.read(1) != b"\n":
-            data += b"\n"
-    data += text.encode() + b"\n"
-    fh.seek(0, os.SEEK_END)
-    fh.write(data)
-    fh.flush()
-    os.fsync(fh.fileno())
-
-
 def _tsv_header(env: Optional[Dict[str, Any]]) -> str:
     lines = [MAGIC]
     if env:
@@ -226,10 +190,10 @@ def append_result(path: Union[str, Path], row: ResultRow,
     record = {"type": "row", **{col: _json_value(getattr(row, f.name))
                                 for f, col in zip(_FIELDS, COLUMNS)}, "extra": row.extra}
     env_line = json.dumps({"type": "env", **env}, sort_keys=True) + "\n" if env else ""
-    with _Locked(path) as tsv:
-        with _Locked(twin_path(path)) as twin:
-            _append_to(twin, json.dumps(record, sort_keys=False), header=env_line)
-        _append_to(tsv, "\t".join(_cell(getattr(row, f.name)) for f in _FIELDS[:len(columns)]),
+    with Locked(path) as tsv:
+        with Locked(twin_path(path)) as twin:
+            append_line(twin, json.dumps(record, sort_keys=False), header=env_line)
+        append_line(tsv, "\t".join(_cell(getattr(row, f.name)) for f in _FIELDS[:len(columns)]),
                    header=_tsv_header(env))
 
 
@@ -250,7 +214,7 @@ def rollback(path: Union[str, Path], to: Mark) -> bool:
     path = Path(path)
     if mark(path) == to:
         return False
-    with _Locked(path):
+    with Locked(path):
         for file, size in ((path, to[0]), (twin_path(path), to[1])):
             if size is None:
                 file.unlink(missing_ok=True)
