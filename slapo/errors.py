@@ -34,6 +34,7 @@ __all__ = [
     "VerifyError",
     "ConfigError",
     "OpError",
+    "TuneError",
     "describe_module",
 ]
 
@@ -169,3 +170,7 @@ class ConfigError(SlapoError, ValueError):
 class OpError(SlapoError, ValueError):
     """An op of :mod:`slapo.op` was built or called with invalid arguments (head counts that do
     not divide, an attention kernel that cannot run on this device or with these inputs ...)."""
+
+
+class TuneError(SlapoError, ValueError):
+    """An auto-tuning search space, objective or study is invalid (``slapo.autotune``)."""
