@@ -4,7 +4,8 @@
         --mode MODE --model MODEL --seq-len S --dec-seq-len D --batch-size B --ckpt C \\
         --results FILE [--steps 40] [--warmup 5] [--dtype fp32|fp16|bf16] \\
         [--tp T] [--pp P] [--micro-batch-size M] [--device cpu|cuda] \\
-        [--peak-tflops X] [--gemm-seconds 0.5] [--knob NAME=VALUE ...] [--repeat R]
+        [--peak-tflops X] [--gemm-seconds 0.5] [--knob NAME=VALUE ...] [--repeat R] \\
+        [--mem-budget-gb X]
 
 (``end2end.sweep`` and ``end2end.launch`` build this command line from a config line; a plain
 ``python -m end2end.bench ...`` is a one-rank run.) Every mode goes through the same code:
@@ -33,6 +34,8 @@ out-of-memory error, else ``fail`` with the message (full traceback in the JSON 
 the job's rendezvous store makes sure only the first writer of a run writes, so a run has exactly
 one row. The process then exits with status 1 (``torchrun`` stops the other ranks) so the sweep
 sees it too. ``SLAPO_BENCH_FAULT`` injects faults for tests (:mod:`end2end.measure`).
+``--mem-budget-gb X`` makes a run whose peak memory per rank exceeds ``X`` GB an ``oom`` row,
+like a CUDA OOM (on CPU the OOM is this budget; on CUDA the allocator is capped at it too).
 
 Batches: a data-parallel rank trains on ``B / DP`` samples, tensor-parallel ranks on the same
 batch (DP = n for ``deepspeed``/``slapo-deepspeed``/``eager``, TP = n for the others, see
@@ -116,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "shard_embedding=False; recorded in the Knobs column and the run's key")
     p.add_argument("--repeat", type=number(int, minimum=0), default=0,
                    help="index of an interleaved repeat (part of the run's key)")
+    p.add_argument("--mem-budget-gb", type=number(float, above=0), default=None,
+                   help="peak memory per rank allowed (GB); above it the run is an oom row, "
+                   "like a CUDA OOM (CPU: the OOM is this budget; CUDA: the allocator is also "
+                   "capped at it). Default: no budget")
     p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
                    help="CPU: leave glibc's malloc thresholds alone (default: "
                    "slapo.keep_freed_memory(), the same for every mode)")
@@ -249,8 +256,8 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
     from slapo.runtime.distributed import init_distributed
 
     from .flops import measure_gemm_flops, mfu, tflops_per_rank, train_flops_per_sample
-    from .measure import (PeakMemory, StepTimer, all_reduce_float, local_parameters,
-                          maybe_inject_fault)
+    from .measure import (PeakMemory, StepTimer, all_reduce_float, check_memory_budget,
+                          limit_cuda_memory, local_parameters, maybe_inject_fault)
     from .models import get_model_spec, make_inputs
 
     env = init_distributed()
@@ -260,6 +267,9 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
 
         extra["keep_freed_memory"] = slapo.keep_freed_memory()
     _import_runtime(spec.mode)
+    limit_cuda_memory(env.device, args.mem_budget_gb)
+    if args.mem_budget_gb is not None:
+        extra["mem_budget_gb"] = args.mem_budget_gb
     memory = PeakMemory(env.device)
     memory.mark_baseline()
     if args.peak_tflops:
@@ -283,6 +293,9 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
     memory.start()
     maybe_inject_fault(env.rank)
     losses = [runner.train_step(batch) for _ in range(spec.warmup)]
+    if args.mem_budget_gb is not None and spec.warmup:  # fail fast: skip the timed steps
+        check_memory_budget(all_reduce_float(memory.peak_bytes(), "max"), args.mem_budget_gb,
+                            "in warm-up")
     timer = StepTimer(env.device)
     timer.start()
     for _ in range(spec.steps):
@@ -290,6 +303,7 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
         timer.lap()
     elapsed = timer.stop()
     mem = all_reduce_float(memory.peak_bytes(), "max")
+    check_memory_budget(mem, args.mem_budget_gb, "in warm-up and timed steps")
     del runner, batch
     thrpt = spec.batch_size * spec.steps / elapsed
     flops = train_flops_per_sample(spec.model, spec.seq_len, spec.dec_seq_len)

@@ -20,6 +20,14 @@
   (optionally ``@RANK``) makes the first training step raise ``torch.OutOfMemoryError`` /
   ``RuntimeError`` on every rank (or only on ``RANK``); ``kill`` sends the rank SIGKILL (as the
   kernel's OOM killer would). Used only by tests/end2end/test_bench.py and test_sweep_errors.py.
+* **Memory budget** (:func:`check_memory_budget`, the driver's ``--mem-budget-gb X``): a run
+  whose peak memory per rank exceeds ``X`` GB raises :class:`MemoryBudgetExceeded` (a
+  ``MemoryError``), so it becomes an ``oom`` row exactly like a CUDA out-of-memory error. On a
+  CPU this is how an auto-tuner meets an OOM region at all: host memory rarely runs out at CPU
+  scale, so **on CPU the OOM is a budget**, checked against the measured peak after warm-up and
+  after the timed steps. On CUDA the real allocator limit is also lowered to the budget
+  (:func:`limit_cuda_memory`, ``torch.cuda.set_per_process_memory_fraction``), so a real OOM
+  happens where the budget would be crossed.
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["rss_bytes", "PeakMemory", "StepTimer", "local_parameters", "is_oom",
-           "maybe_inject_fault", "FAULT_ENV", "sync_device", "all_reduce_float"]
+           "maybe_inject_fault", "FAULT_ENV", "sync_device", "all_reduce_float",
+           "MemoryBudgetExceeded", "check_memory_budget", "limit_cuda_memory"]
 
 FAULT_ENV = "SLAPO_BENCH_FAULT"
 
@@ -172,6 +181,26 @@ def local_parameters(model: Any) -> int:
         part = getattr(p, "ds_tensor", None)
         total += part.numel() if part is not None else p.numel()
     return total
+
+
+class MemoryBudgetExceeded(MemoryError):
+    """The run's peak memory per rank exceeded ``--mem-budget-gb`` (an ``oom`` row)."""
+
+
+def check_memory_budget(peak_bytes: float, budget_gb: Optional[float], when: str) -> None:
+    """Raise :class:`MemoryBudgetExceeded` if ``peak_bytes`` (max over ranks) is over budget."""
+    if budget_gb is not None and peak_bytes > budget_gb * 1e9:
+        raise MemoryBudgetExceeded(
+            f"out of memory budget: peak {peak_bytes / 1e9:.3f} GB per rank {when} exceeds "
+            f"--mem-budget-gb {budget_gb:g}")
+
+
+def limit_cuda_memory(device: torch.device, budget_gb: Optional[float]) -> None:
+    """On CUDA, cap this process's allocator at the budget so that a real OOM happens."""
+    if budget_gb is None or device.type != "cuda":
+        return
+    total = torch.cuda.get_device_properties(device).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget_gb * 1e9 / total), device)
 
 
 def is_oom(exc: BaseException) -> bool:

@@ -139,7 +139,7 @@ def _report(result: TuneResult) -> int:
           + f" (trial {best.number})")
     print(f"reproduce: {result.command}")
     if best.extra.get("config_line"):
-        print(f"config line: {best.extra['config_line']}")
+        print("config line: " + str(best.extra["config_line"]).replace("\n", "\n  "))
     return 0
 
 

@@ -1,0 +1,31 @@
+"""BERT at CPU scale (``cpu/bert``: 4 layers, h=512) under Slapo-TP (``slapo-megatron``, 2 gloo
+ranks), sequence 256: batch size x activation-checkpoint ratio (4 layers: ratio 0.25 = one
+layer). A per-rank memory budget puts a real OOM region in the space (large batches with little
+checkpointing); on CPU the OOM is this budget (``end2end.bench --mem-budget-gb``).
+
+Calibration (2026-12-01, 2 shared cores, 1 warm-up + 1 step): peak memory per rank 0.60 GB at
+batch 4 / ratio 0, 0.80 GB at 8 / 0.5, 1.16 GB at 16 / 1, 1.55 GB at 16 / 0; so 1.3 GB leaves
+batch 16-20 with little checkpointing out. ``AUTOTUNE_RESULTS`` overrides the results file.
+
+    python -m slapo.autotune --space autotune/spaces/bert.py --strategy search --budget 12 \\
+        --db results/autotune-bert.db
+"""
+
+import os
+import sys
+
+from slapo.autotune import Space
+
+MODE, MODEL, GPUS, SEQ_LEN = "slapo-megatron", "cpu/bert", 2, 256
+MEM_BUDGET_GB = 1.3
+RESULTS = os.environ.get("AUTOTUNE_RESULTS", "results/autotune-bert.tsv")
+
+space = Space("cpu-bert")
+space.int("batch_size", 4, 20, step=4)
+space.float("ckpt_ratio", 0.0, 1.0, step=0.25)
+
+command = [sys.executable, "-m", "autotune.driver", "--mode", MODE, "--model", MODEL,
+           "--gpus", str(GPUS), "--seq-len", str(SEQ_LEN), "--batch-size", "{batch_size}",
+           "--ckpt", "{ckpt_ratio}", "--results", RESULTS, "--steps", "2", "--warmup", "1",
+           "--device", "cpu", "--gemm-seconds", "0.1", "--mem-budget-gb", str(MEM_BUDGET_GB)]
+timeout = 300
