@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Figure 10 at CPU scale: the grid (ground truth), the original Slapo search and TPE over batch
+# size x checkpoint ratio for one model; study database results/autotune-<model>.db (one study
+# per strategy), the driver's rows in results/autotune-<model>.tsv, the figure beside them.
+#
+#   bash autotune/run.sh                 # MODEL=bert (spaces/bert.py); MODEL=gpt_neo also
+#   REPLAY=0 bash autotune/run.sh        # search and TPE measure their candidates themselves
+#   SEARCH_BUDGET=12 TPE_BUDGET=8 ...    # budgets (default: a third of the grid each)
+#
+# Resumable: run it again after an interruption; finished candidates are not measured again.
+# With REPLAY=1 (default) the search and TPE are answered from the grid's measurements
+# (autotune/replay.py): one measurement per candidate, the same numbers for every strategy.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+MODEL="${MODEL:-bert}"
+SPACE="autotune/spaces/${MODEL}.py"
+[[ -f "$SPACE" ]] || { echo "run.sh: no space file $SPACE" >&2; exit 2; }
+if [[ -z "${PYTHON:-}" && -z "${SKIP_SETUP:-}" ]]; then bash scripts/setup.sh; fi
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+RESULTS_DIR="${RESULTS_DIR:-$ROOT/results}"
+mkdir -p "$RESULTS_DIR"
+NAME="autotune-${MODEL//_/-}"
+DB="$RESULTS_DIR/$NAME.db"
+export AUTOTUNE_RESULTS="$RESULTS_DIR/$NAME.tsv"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+N=$("$PYTHON" -c "from slapo.autotune.cli import load_space_file as l; \
+print(len(l('$SPACE')['space'].candidates()))")
+SEARCH_BUDGET="${SEARCH_BUDGET:-$(( (N + 2) / 3 ))}"
+TPE_BUDGET="${TPE_BUDGET:-$(( N / 3 ))}"
+echo "run.sh: $MODEL, $N candidates; load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+START=$(date +%s)
+"$PYTHON" -m slapo.autotune --space "$SPACE" --strategy grid --budget "$N" --db "$DB"
+REPLAY_CMD=()
+if [[ "${REPLAY:-1}" == 1 ]]; then
+  REPLAY_CMD=(-- "$PYTHON" -m autotune.replay --db "$DB" --study grid
+              --param "batch_size={batch_size}" --param "ckpt_ratio={ckpt_ratio}")
+fi
+"$PYTHON" -m slapo.autotune --space "$SPACE" --strategy search --budget "$SEARCH_BUDGET" \
+    --db "$DB" "${REPLAY_CMD[@]}"
+"$PYTHON" -m slapo.autotune --space "$SPACE" --strategy tpe --budget "$TPE_BUDGET" \
+    --db "$DB" "${REPLAY_CMD[@]}"
+"$PYTHON" -m autotune.plot "$DB" -o "$RESULTS_DIR/$NAME" --title "$MODEL (CPU): throughput"
+echo "run.sh: done in $(( $(date +%s) - START )) s; load average: $(cut -d' ' -f1-3 /proc/loadavg)"
