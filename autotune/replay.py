@@ -27,14 +27,21 @@ def _value(text: str) -> Any:
 
 
 def lookup(db: str, study: str, params: Dict[str, Any]) -> Dict[str, Any]:
-    """The outcome that ``study`` in ``db`` stored for ``params`` (a JSON-able dict)."""
-    from slapo.autotune import load_records
+    """The outcome that ``study`` in ``db`` stored for ``params`` (a JSON-able dict). Reads the
+    Optuna study directly (the user attributes of ``slapo.autotune.study``): one call per
+    candidate, so it does not pay for importing slapo and torch."""
+    import optuna
 
-    for r in load_records(db, study):
-        if r.evaluated and r.params == params:
-            out = {"status": r.status, "error": r.error, **r.extra, "replayed_from": study}
-            if r.status == "ok":
-                out.update(throughput=r.throughput, memory_gb=r.memory_gb)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    trials = optuna.load_study(study_name=study, storage=f"sqlite:///{db}").get_trials(
+        deepcopy=False)
+    for t in trials:
+        a = t.user_attrs
+        if a.get("status") in ("ok", "oom", "fail", "timeout") and a.get("params") == params:
+            out = {"status": a["status"], "error": a.get("error", ""), **a.get("extra", {}),
+                   "replayed_from": study}
+            if a["status"] == "ok":
+                out.update(throughput=a["throughput"], memory_gb=a.get("memory_gb"))
             return out
     return {"status": "fail", "error": f"{params} was not measured in study {study!r} of {db}"}
 

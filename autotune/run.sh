@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 MODEL="${MODEL:-bert}"
-SPACE="autotune/spaces/${MODEL}.py"
+SPACE="${SPACE:-autotune/spaces/${MODEL}.py}"  # SPACE=file: another space (tests)
 [[ -f "$SPACE" ]] || { echo "run.sh: no space file $SPACE" >&2; exit 2; }
 if [[ -z "${PYTHON:-}" && -z "${SKIP_SETUP:-}" ]]; then bash scripts/setup.sh; fi
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"

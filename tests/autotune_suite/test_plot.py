@@ -55,3 +55,38 @@ def test_replay_answers_from_the_grid(fixture_db, capsys):
     replayed = tune(synthetic.space(), lambda v: lookup(fixture_db, "grid", v),
                     strategy="search", budget=48)
     assert replayed.best.params == best_c
+
+
+def test_run_sh_end_to_end_on_a_synthetic_space(tmp_path):
+    """autotune/run.sh with a small synthetic space (SPACE=...): the grid measures, the search
+    and TPE replay the grid's measurements, the figure is drawn."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from slapo.autotune import load_records
+
+    root = Path(__file__).resolve().parents[2]
+    log = tmp_path / "calls.txt"
+    space = tmp_path / "space.py"
+    space.write_text(
+        "import sys\nfrom slapo.autotune import Space\n"
+        "space = Space('small')\nspace.int('batch_size', 8, 24, step=8)\n"
+        "space.float('ckpt_ratio', 0.0, 1.0, step=0.5)\n"
+        f"command = [sys.executable, {str(root / 'tests/autotune/synthetic.py')!r}, "
+        f"'--batch', '{{batch_size}}', '--ratio', '{{ckpt_ratio}}', '--log', {str(log)!r}]\n")
+    env = dict(os.environ, PYTHON=sys.executable, SPACE=str(space), MODEL="small",
+               RESULTS_DIR=str(tmp_path))
+    proc = subprocess.run(["bash", str(root / "autotune/run.sh")], env=env, text=True,
+                          capture_output=True, timeout=300, start_new_session=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(log.read_text().splitlines()) == 9  # the grid, once; the rest is replayed
+    db = str(tmp_path / "autotune-small.db")
+    for study, budget in (("grid", 9), ("search", 3), ("tpe", 3)):
+        records = [r for r in load_records(db, study) if r.evaluated]
+        assert 0 < len(records) <= budget
+        if study != "grid":
+            assert all(r.extra.get("replayed_from") == "grid" for r in records)
+    assert (tmp_path / "autotune-small.png").stat().st_size > 10_000
+    assert "search: " in proc.stdout and "within 5% of the ground truth" in proc.stdout
