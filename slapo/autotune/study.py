@@ -155,6 +155,11 @@ class Tuner:
         done = self.stored(params)
         if done is not None:
             return done
+        problem = self.space.violated(params) if set(params) == set(self.space.symbols) \
+            else f"it gives {sorted(params)}, the symbols are {self.space.names}"
+        if problem is not None:
+            raise TuneError(f"{params} is not a candidate of the space: {problem}",
+                            call="Tuner.evaluate", hint="evaluate one of space.candidates()")
         self.check_budget()
         self.study.enqueue_trial(dict(params), skip_if_exists=False)
         trial = self.study.ask()
