@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -126,7 +127,12 @@ def run_candidate(args: argparse.Namespace, bench_extra: Sequence[str]) -> Dict[
     return _result(mine[-1], spec)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # run_logged then stops torchrun's whole tree (ranks included)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)  # the tuner's timeout sends SIGTERM first
     args, extra = build_parser().parse_known_args(argv)
     print(json.dumps(run_candidate(args, extra)), flush=True)
     return 0

@@ -27,5 +27,6 @@ space.float("ckpt_ratio", 0.0, 1.0, step=0.25)
 command = [sys.executable, "-m", "autotune.driver", "--mode", MODE, "--model", MODEL,
            "--gpus", str(GPUS), "--seq-len", str(SEQ_LEN), "--batch-size", "{batch_size}",
            "--ckpt", "{ckpt_ratio}", "--results", RESULTS, "--steps", "2", "--warmup", "1",
-           "--device", "cpu", "--gemm-seconds", "0.1", "--mem-budget-gb", str(MEM_BUDGET_GB)]
-timeout = 300
+           "--device", "cpu", "--gemm-seconds", "0.1", "--mem-budget-gb", str(MEM_BUDGET_GB),
+           "--timeout", "240"]
+timeout = 300  # the tuner's limit; the driver stops the run (and writes its row) at 240 s

@@ -8,8 +8,9 @@ A failed candidate is still an outcome, stored in the study, never dropped.
 * :class:`CallableObjective` wraps ``fn(values) -> float | dict | Outcome``; a ``MemoryError``
   or ``torch.OutOfMemoryError`` it raises is ``oom``, any other exception ``fail``.
 * :class:`CommandObjective` runs a command per candidate (the benchmark driver, say) with a
-  timeout. ``{name}`` in its arguments is replaced by the candidate's value of ``name`` (a symbol
-  or a derived value), ``{result_file}`` by a fresh file path; every value is also exported as
+  timeout (then SIGTERM to its process group, SIGKILL 10 s later). ``{name}`` in its arguments
+  is replaced by the candidate's value of ``name`` (a symbol or a derived value),
+  ``{result_file}`` by a fresh file path; every value is also exported as
   ``SLAPO_TUNE_<NAME>``. The result is the JSON object the command writes to ``{result_file}``,
   or else the last line of its standard output that is a JSON object, e.g.
   ``{"status": "ok", "throughput": 12.5, "memory_gb": 0.8}`` (``status`` defaults to ``ok``
@@ -127,7 +128,7 @@ class CallableObjective(Objective):
 
 class CommandObjective(Objective):
     """A command run per candidate (see the module docstring). ``timeout`` in seconds (None: no
-    limit); on timeout the command's whole process group is killed."""
+    limit); on timeout the command's process group gets SIGTERM, then SIGKILL."""
 
     def __init__(self, command: Sequence[str], timeout: Optional[float] = None,
                  env: Optional[Mapping[str, str]] = None, cwd: Optional[str] = None):
@@ -189,7 +190,7 @@ class CommandObjective(Objective):
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
                 return Outcome("timeout", error=f"no result after {self.timeout:g} s "
-                               f"(the command's process group was killed)")
+                               f"(the command's process group was stopped)")
             except BaseException:  # interrupted: leave no process behind
                 _kill_group(proc)
                 raise
@@ -201,11 +202,19 @@ def _text(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+def _kill_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM to the command's process group (a launcher can stop what it started in other
+    sessions, e.g. torchrun's ranks), then SIGKILL to what is left after ``grace`` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            proc.communicate(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
     proc.communicate()
 
 

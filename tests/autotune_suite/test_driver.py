@@ -91,3 +91,26 @@ def test_model_spaces_are_valid_runs(path):
         spec = make_run_spec(ns["MODE"], ns["MODEL"], ns["GPUS"], ns["SEQ_LEN"], 0,
                              values["batch_size"], f"{values['ckpt_ratio']:g}")
         assert spec.batch_size == values["batch_size"]
+
+
+def test_tuner_timeout_stops_the_driver_and_its_ranks(tmp_path):
+    """The tuner's timeout sends SIGTERM to the driver's process group; the driver stops
+    torchrun's whole tree (ranks run in sessions of their own), so no rank is left running."""
+    import time
+
+    import psutil
+
+    from slapo.autotune import CommandObjective
+
+    results = tmp_path / "r.tsv"
+    obj = CommandObjective([sys.executable, "-m", "autotune.driver", "--mode", "slapo",
+                            "--model", "tiny/bert", "--gpus", "1", "--seq-len", "16",
+                            "--batch-size", "4", "--ckpt", "0", "--results", str(results),
+                            "--steps", "100000", "--warmup", "1", "--device", "cpu",
+                            "--gemm-seconds", "0.05"], timeout=12, cwd=str(ROOT))
+    out = obj({})
+    assert out.status == "timeout" and "no result after 12 s" in out.error
+    time.sleep(1)
+    left = [p for p in psutil.process_iter(["cmdline"])
+            if str(results) in " ".join(p.info["cmdline"] or [])]
+    assert not left, [p.info["cmdline"] for p in left]
