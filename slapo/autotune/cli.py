@@ -28,7 +28,7 @@ from typing import List, Optional, Sequence
 from ..errors import TuneError
 from .space import Space
 from .strategies import STRATEGIES
-from .study import Record, Tuner, load_records
+from .study import Record, Tuner, import_optuna, load_records
 from .tune import TuneResult, tune
 
 __all__ = ["main", "load_space_file", "format_values"]
@@ -144,14 +144,13 @@ def _report(result: TuneResult) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     args = build_parser().parse_args(argv)
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
     try:
+        optuna = import_optuna()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
         ns = load_space_file(args.space)
         space: Space = ns["space"]
         study = args.study or args.strategy

@@ -49,17 +49,6 @@ class Symbol:
     high: Optional[float] = None
     step: Optional[float] = None
 
-    def distribution(self):
-        """The Optuna distribution of this symbol (used by the study and TPE)."""
-        from optuna.distributions import (CategoricalDistribution, FloatDistribution,
-                                          IntDistribution)
-
-        if self.kind == "int":
-            return IntDistribution(int(self.low), int(self.high), step=int(self.step))
-        if self.kind == "float":
-            return FloatDistribution(self.low, self.high, step=self.step)
-        return CategoricalDistribution(self.values)
-
 
 @dataclass(frozen=True)
 class _Rule:

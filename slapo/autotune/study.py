@@ -78,8 +78,19 @@ class Record:
                    command=a.get("command", ""), stored=True, extra=a.get("extra", {}))
 
 
+def import_optuna():
+    """``optuna``, or a :class:`TuneError` saying how to install it (an optional dependency)."""
+    try:
+        import optuna
+    except ImportError:
+        raise TuneError("slapo.autotune needs optuna (the sampler and the study database)",
+                        call="import optuna", hint="pip install optuna==5.0.0 (the pin of "
+                        "requirements.txt), or pip install 'slapo[autotune]'") from None
+    return optuna
+
+
 def _storage(db: Optional[str]):
-    import optuna
+    optuna = import_optuna()
 
     if db is None:
         return optuna.storages.InMemoryStorage()
@@ -89,7 +100,7 @@ def _storage(db: Optional[str]):
 
 def load_records(db: str, study: str) -> List[Record]:
     """Every stored proposal of ``study`` in ``db`` (for reports and figures)."""
-    import optuna
+    optuna = import_optuna()
 
     try:
         s = optuna.load_study(study_name=study, storage=_storage(db))
@@ -112,7 +123,7 @@ class Tuner:
     def __init__(self, space: Space, objective: Objective, budget: int, db: Optional[str] = None,
                  study: str = "autotune", sampler=None,
                  on_record: Optional[Callable[[Record, "Tuner"], None]] = None):
-        import optuna
+        optuna = import_optuna()
 
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
             raise TuneError(f"budget {budget!r} is not a positive integer", call="Tuner",

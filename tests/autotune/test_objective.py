@@ -59,3 +59,9 @@ def test_evaluate_refuses_what_is_not_a_candidate():
         with pytest.raises(TuneError, match="the symbols are \\['batch_size', 'ckpt_ratio'\\]"):
             tuner.evaluate({"batch_size": 8})
         assert tuner.evaluations == 0 and Outcome("timeout", error="t").status == "timeout"
+
+
+def test_missing_optuna_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna -> ImportError
+    with pytest.raises(TuneError, match="needs optuna.*pip install optuna==5.0.0"):
+        Tuner(synthetic.space(), as_objective(synthetic.objective), budget=1)
