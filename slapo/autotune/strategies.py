@@ -95,8 +95,7 @@ class OOMAwareSearch:
         ratios = sorted({r for _, r in points}, reverse=True)  # from the least memory
         self._plane = points
         self._oom: List[Tuple[Any, Any]] = [  # stored OOMs (earlier sessions) are proofs too
-            point for point, params in points.items()
-            if (tuner.stored(params) or Record(0, {}, {}, "")).status == "oom"]
+            point for point, params in points.items() if _status(tuner, params) == "oom"]
         top = ratios[0]
         column = [b for b in batches if (b, top) in points]
         fits = self._largest(tuner, column, lambda b: (b, top), largest_first=True)
@@ -151,11 +150,13 @@ class OOMAwareSearch:
 
     def _fits_known(self, tuner: Tuner, b, r) -> bool:
         """(b, r) is proven to fit: an ok candidate with a batch >= b and a ratio <= r."""
-        for (ob, orr), params in self._plane.items():
-            rec = tuner.stored(params)
-            if rec is not None and rec.status == "ok" and ob >= b and orr <= r:
-                return True
-        return False
+        return any(ob >= b and orr <= r and _status(tuner, params) == "ok"
+                   for (ob, orr), params in self._plane.items())
+
+
+def _status(tuner: Tuner, params: Params) -> Optional[str]:
+    record = tuner.stored(params)
+    return record.status if record is not None else None
 
 
 class _EarlyStop(Exception):
