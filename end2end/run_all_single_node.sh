@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Run every line of a benchmark config (the artifact's entry point), then plot Figure 7.
-#   cd end2end && bash run_all_single_node.sh configs/cpu.cfg [extra end2end.sweep args]
+#   cd end2end && bash run_all_single_node.sh configs/cpu.cfg [--repeat R] [extra end2end.sweep args]
+# --repeat R: R interleaved rounds (every line once, then every line again, ...: drift hits every
+#   system alike); default 3 on CPU (shared, noisy machines), 1 on GPU; REPEAT=R sets it too.
+#   The figure and the printed speedups use the median per (line, mode), with min-max ranges.
 # 1. set-up (idempotent; SKIP_SETUP=1 skips it): scripts/setup.sh creates .venv with the pinned
 #    stack on a fresh machine, PYTHON=... uses another interpreter instead;
 # 2. the environment dump next to the results (<results>.env.txt);
@@ -28,9 +31,21 @@ cd "$ROOT"
 mkdir -p "$(dirname "$RESULTS")"
 "$PY" scripts/env_dump.py --device "$DEVICE" | tee "${RESULTS%.tsv}.env.txt"
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime)"
+ROUNDS=()
+plot=1
+for arg in "$@"; do
+  case "$arg" in
+    --repeat|--repeat=*) REPEAT=given ;;
+    --dry-run|--estimate|-h|--help) plot=0 ;;
+  esac
+done
+if [[ "${REPEAT:-}" != given ]]; then
+  ROUNDS=(--repeat "${REPEAT:-$([[ "$DEVICE" == cuda ]] && echo 1 || echo 3)}")
+fi
 start=$(date +%s)
 rc=0
-"$PY" -m end2end.sweep "$CFG" --results "$RESULTS" --device "$DEVICE" "$@" || rc=$?
+"$PY" -m end2end.sweep "$CFG" --results "$RESULTS" --device "$DEVICE" "${ROUNDS[@]}" "$@" || rc=$?
+[[ $plot -eq 1 ]] || exit "$rc"
 # sweep exit status: 0 all ok, 1 some runs not ok (still plotted: failures are marks),
 # 2 usage/config error (e.g. an empty config), 130 interrupted -> no plot
 if [[ $rc -ne 0 && $rc -ne 1 ]]; then

@@ -28,7 +28,7 @@ def results_file(tmp_path):
     return path
 
 
-def test_table_takes_max_over_ckpt_and_keeps_failures(results_file):
+def test_table_takes_the_best_setting_and_keeps_failures(results_file):
     table = figure7_table(read_results(results_file).rows, best=True)
     assert [p.model for p in table] == ["bert-xlarge", "roberta-xlarge", "cpu/bert"]
     bert, roberta = Panel("bert-xlarge", 512, 0), Panel("roberta-xlarge", 512, 0)
@@ -40,7 +40,7 @@ def test_table_takes_max_over_ckpt_and_keeps_failures(results_file):
 
 
 def test_speedups(results_file):
-    items = {(p.model, n, a, b): r for p, n, a, b, r in speedups(figure7_table(
+    items = {(p.model, n, a, b): r.value for p, n, a, b, r in speedups(figure7_table(
         read_results(results_file).rows, best=True))}
     assert items[("bert-xlarge", 2, "slapo-megatron", "megatron")] == pytest.approx(1.3)
     assert items[("bert-xlarge", 4, "slapo-deepspeed", "deepspeed")] == pytest.approx(11 / 8)
@@ -118,3 +118,62 @@ def test_a_system_without_any_row_keeps_its_slot_and_legend_entry(tmp_path):
     assert len(ax.patches) == 3  # three bars ...
     grey = [line for line in ax.lines if line.get_color() == "#aaaaaa"]
     assert len(grey) == 1 and grey[0].get_xdata()[0] < min(p.get_x() for p in ax.patches)
+
+
+def _repeated(path, lines, thrpt_by_mode_and_repeat):
+    """Rows of ``lines`` in interleaved rounds; ``thrpt[mode][r]`` (None = a failed repeat)."""
+    from end2end.config import interleave
+
+    specs = interleave(list(expand(parse_lines(lines, "c.cfg"))),
+                       len(next(iter(thrpt_by_mode_and_repeat.values()))))
+    for spec in specs:
+        value = thrpt_by_mode_and_repeat[spec.mode][spec.repeat]
+        row = (ResultRow.from_spec(spec, "ok", thrpt=value, device="cpu") if value is not None
+               else ResultRow.from_spec(spec, "fail", error="boom", device="cpu"))
+        append_result(path, row, {"device": "cpu"})
+    return read_results(path).rows
+
+
+def test_repeats_make_one_bar_at_the_median_with_min_max(tmp_path):
+    rows = _repeated(tmp_path / "r.tsv", ["eager cpu/bert 1 128 0 4 0",
+                                          "slapo cpu/bert 1 128 0 4 0"],
+                     {"eager": [2.0, 2.2, 1.0], "slapo": [3.0, None, 3.3]})
+    cells = figure7_table(rows)[Panel("cpu/bert", 128, 0)][1]
+    eager, slapo = cells["eager"], cells["slapo"]
+    assert (eager.thrpt, eager.samples.lo, eager.samples.hi, eager.rows) == (2.0, 1.0, 2.2, 3)
+    assert slapo.thrpt == pytest.approx(3.15) and slapo.failed == 1  # median of the ok ones
+    (pair, best) = speedups(figure7_table(rows))
+    assert pair.ratio.value == pytest.approx(3.15 / 2.0)
+    # rounds 0 and 2 only for slapo: not the same rounds, so the widest range the samples allow
+    assert (pair.ratio.lo, pair.ratio.hi) == (pytest.approx(3.0 / 2.2), pytest.approx(3.3))
+    assert not pair.ratio.within_noise and pair.ratio.label == "1.57x"
+    assert best.system == "best-slapo" and best.ratio.value == pair.ratio.value
+
+
+def test_paired_rounds_give_the_ratio_range_and_overlap_is_within_noise(tmp_path, capsys):
+    path = tmp_path / "r.tsv"
+    _repeated(path, ["megatron cpu/bert 2 128 0 4 0", "slapo-megatron cpu/bert 2 128 0 4 0"],
+              {"megatron": [1.0, 1.2, 1.1], "slapo-megatron": [1.1, 1.0, 1.3]})
+    (pair, _) = speedups(figure7_table(read_results(path).rows))
+    assert pair.ratio.value == pytest.approx(1.1 / 1.1)
+    assert (pair.ratio.lo, pair.ratio.hi) == (pytest.approx(1.0 / 1.2), pytest.approx(1.3 / 1.1))
+    assert pair.ratio.within_noise and pair.ratio.label == "~"
+    assert main([str(path), "-o", str(tmp_path / "fig")]) == 0
+    assert ("Slapo-TP / Megatron-LM = 1.00x (0.83-1.18, 3 repeats) ~ within noise"
+            in capsys.readouterr().out)
+
+
+def test_figure_draws_whiskers_and_tilde_labels(tmp_path):
+    rows = _repeated(tmp_path / "r.tsv", ["megatron cpu/bert 2 128 0 4 0",
+                                          "slapo-megatron cpu/bert 2 128 0 4 0",
+                                          "deepspeed cpu/bert 2 128 0 4 0",
+                                          "slapo-deepspeed cpu/bert 2 128 0 4 0"],
+                     {"megatron": [1.0, 1.2, 1.1], "slapo-megatron": [1.1, 1.0, 1.3],
+                      "deepspeed": [1.0, 1.1, 1.05], "slapo-deepspeed": [2.0, 2.1, 2.2]})
+    fig = make_figure(figure7_table(rows))
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    assert sorted(t.get_text() for t in ax.texts) == ["2.00x", "~"]
+    whiskers = [c for c in ax.collections if c.get_segments()]
+    assert len(whiskers) == 4  # one min-max line per repeated bar
+    tops = sorted(max(seg[:, 1]) for c in whiskers for seg in c.get_segments())
+    assert tops == pytest.approx([1.1, 1.2, 1.3, 2.2])
