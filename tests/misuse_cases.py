@@ -90,7 +90,7 @@ def _sync_bad_mode():
 
 
 def _sync_bad_op():
-    _mlp()["fc1"].sync("fwd_post", "all_to_all")
+    _mlp()["fc1"].sync("fwd_post", "broadcast")
 
 
 def _fork_rng_unseeded():

@@ -19,12 +19,12 @@ __all__ = ["Sync", "MODES", "OPS"]
 
 MODES = ("fwd_pre", "fwd_post", "bwd_post", "both")
 OPS = {
-    "fwd_post": ("all_reduce", "all_gather", "reduce_scatter", "scatter"),
-    "fwd_pre": ("all_reduce", "all_gather", "reduce_scatter", "scatter"),
+    "fwd_post": ("all_reduce", "all_gather", "reduce_scatter", "scatter", "all_to_all"),
+    "fwd_pre": ("all_reduce", "all_gather", "reduce_scatter", "scatter", "all_to_all"),
     "bwd_post": ("all_reduce",),
     "both": ("all_reduce",),
 }
-_KWARGS = ("axis", "tensor_parallel_output_grad")
+_KWARGS = ("axis", "tensor_parallel_output_grad", "from_axis")
 
 
 def _first_param(mod: nn.Module) -> Optional[str]:
@@ -52,16 +52,21 @@ class Sync(Primitive):
         ``all_reduce``, ``all_gather`` (``axis``; ``tensor_parallel_output_grad`` -- whether
         the gradient arriving at the gathered tensor is a partial sum, so backward must
         reduce-scatter rather than split; default False after a module, True before one),
-        ``reduce_scatter`` (``axis``), ``scatter`` (``axis``). Axes are activation axes; a
+        ``reduce_scatter`` (``axis``), ``scatter`` (``axis``), ``all_to_all`` (``from_axis``
+        -> ``axis``: a tensor partitioned along ``from_axis`` becomes partitioned along
+        ``axis`` with one all-to-all, backward the inverse all-to-all; after a sharded module
+        ``from_axis`` defaults to its output's partition axis). The original's resharding
+        strings (``"RS->SR"``...) are refused with the equivalent call. Axes are activation axes; a
         negative axis is checked at schedule time, a non-negative one at run time. A function is
         registered as a hook: ``fwd_pre`` -> ``fn(mod, args)``, ``fwd_post`` ->
         ``fn(mod, args, output)``, ``bwd_post`` -> full backward hook.
 
         Layout rules, from the module's shard record (modules without one are not checked):
         a fwd_post reduction needs a *partial* output; ``all_gather`` after a module needs its
-        output partitioned on that axis; ``scatter`` needs a replicated output; before a
-        row-parallel module (input partitioned) only ``scatter``/``reduce_scatter`` on that
-        axis fit, before a column-parallel one only ``all_gather``/``all_reduce``; ``bwd_post``
+        output partitioned on that axis, ``all_to_all`` partitioned on ``from_axis``;
+        ``scatter`` needs a replicated output; before a row-parallel module (input
+        partitioned) only ``scatter``/``reduce_scatter``/``all_to_all`` to that axis fit,
+        before a column-parallel one only ``all_gather``/``all_reduce``; ``bwd_post``
         needs a partial input gradient (column-parallel). A row-parallel Linear/Conv1D with a
         bias is swapped for :class:`slapo.op.linear.LinearWithSync` (same Parameters), so the
         reduction happens before the bias is added once. Several syncs run in call order.
@@ -81,6 +86,8 @@ class Sync(Primitive):
             raise error(f"unknown mode {mode!r}", f"use one of {', '.join(MODES)}")
         if callable(sync_op_or_fn) and not isinstance(sync_op_or_fn, str):
             return _sync_fn(sch, mode, sync_op_or_fn, kwargs, error)
+        if isinstance(sync_op_or_fn, str) and "->" in sync_op_or_fn:
+            raise error(*reshard_string_error(mode, sync_op_or_fn))
         if not isinstance(sync_op_or_fn, str) or sync_op_or_fn not in OPS[mode]:
             raise error(f"{sync_op_or_fn!r} is not a {mode} sync op",
                         f"{mode} takes {', '.join(OPS[mode])} or a function")
@@ -94,10 +101,19 @@ class Sync(Primitive):
             _install(sch, "bwd_post", "all_reduce", None, False, None)
             _install(sch, "fwd_post", "all_reduce", None, False, None)
             return None
-        axis = kwargs.get("axis")
-        if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool)):
-            raise error(f"axis must be an int, got {axis!r}", "e.g. axis=-1")
-        expect, axis = _check(sch, mode, sync_op_or_fn, axis, error)
+        for key in ("axis", "from_axis"):
+            value = kwargs.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise error(f"{key} must be an int, got {value!r}", f"e.g. {key}=-1")
+        if "from_axis" in kwargs and sync_op_or_fn != "all_to_all":
+            raise error(f"from_axis only applies to all_to_all, not {sync_op_or_fn}",
+                        "drop from_axis")
+        if sync_op_or_fn == "all_to_all":
+            expect, axis, from_axis = _check_all_to_all(sch, mode, kwargs.get("axis"),
+                                                        kwargs.get("from_axis"), error)
+            _install(sch, mode, "all_to_all", axis, False, expect, from_axis)
+            return None
+        expect, axis = _check(sch, mode, sync_op_or_fn, kwargs.get("axis"), error)
         tpog = kwargs.get("tensor_parallel_output_grad")
         if tpog is None:
             tpog = mode == "fwd_pre"
@@ -155,6 +171,70 @@ def _check(sch, mode: str, op: str, axis: Optional[int], error):
     return expect, axis
 
 
+def _check_all_to_all(sch, mode: str, axis: Optional[int], from_axis: Optional[int], error):
+    """Validate an all_to_all (``from_axis`` -> ``axis``); returns ``(expect, axis, from_axis)``
+    where ``expect`` is the axis the layout fixes (checked again at run time)."""
+    info = shard_info(sch)
+    layout = info.layout if info is not None else None
+    expect: Optional[int] = None
+    if mode == "fwd_post" and layout is not None:
+        cur = current_output(sch)
+        if cur is not None and cur.kind != "partition":
+            raise error(f"all_to_all moves a partitioned tensor to another axis, but the output "
+                        f"is {cur}", _fix_for(cur))
+        if cur is not None:
+            expect = cur.axis
+            if from_axis is None:
+                from_axis = expect
+            elif from_axis < 0 and from_axis != expect:
+                raise error(f"all_to_all from axis {from_axis}, but the output is partitioned on "
+                            f"axis {expect}", f"use from_axis={expect}")
+    if mode == "fwd_pre" and layout is not None:
+        want = layout.input
+        if want.kind != "partition":
+            raise error(f"the module needs a {want} input (it is not row-parallel); all_to_all "
+                        "would leave it partitioned", "gather the input with all_gather instead")
+        expect = want.axis
+        if axis is None:
+            axis = expect
+        elif axis < 0 and axis != expect:
+            raise error(f"all_to_all to axis {axis}, but the module needs its input partitioned "
+                        f"on axis {expect}", f"use axis={expect}")
+    if axis is None or from_axis is None:
+        missing = " and ".join(k for k, v in (("from_axis", from_axis), ("axis", axis))
+                               if v is None)
+        raise error(f"all_to_all needs {missing}", "pass from_axis=<axis the tensor is "
+                    "partitioned on now> and axis=<axis to partition it on>, e.g. from_axis=-1, "
+                    "axis=-2 (the original's 'RS->SR')")
+    if axis == from_axis:
+        raise error(f"all_to_all from axis {from_axis} to the same axis does nothing",
+                    "remove this sync")
+    return expect, axis, from_axis
+
+
+# The original's resharding strings over the last two axes ("RS" = replicated on axis -2,
+# sharded on axis -1) and the equivalent sync.
+_RESHARD = {
+    ("RR", "RS"): "'scatter', axis=-1", ("RR", "SR"): "'scatter', axis=-2",
+    ("RS", "RR"): "'all_gather', axis=-1", ("SR", "RR"): "'all_gather', axis=-2",
+    ("RS", "SR"): "'all_to_all', from_axis=-1, axis=-2",
+    ("SR", "RS"): "'all_to_all', from_axis=-2, axis=-1",
+}
+
+
+def reshard_string_error(mode: str, spec: str):
+    """``(what, hint)`` for one of the original's ``"XY->ZW"`` resharding strings."""
+    src, _, dst = spec.replace(" ", "").partition("->")
+    what = (f"resharding strings such as {spec!r} are not sync ops; name the collective (the "
+            "layout rules then check it against the module's shard record)")
+    if src == dst and src in ("RR", "RS", "SR"):
+        return what, f"{spec!r} does nothing: remove this sync"
+    if (src, dst) in _RESHARD:
+        return what, f"write sync({mode!r}, {_RESHARD[src, dst]})"
+    return what, ("the original knew RR, RS and SR of the last two axes; use "
+                  "sync(mode, 'scatter' | 'all_gather' | 'all_to_all', axis=...)")
+
+
 def _fix_for(cur: Layout) -> str:
     if cur == PARTIAL:
         return "sum a partial output with all_reduce (or reduce_scatter)"
@@ -164,11 +244,13 @@ def _fix_for(cur: Layout) -> str:
 
 
 def _install(sch, mode: str, op: str, axis: Optional[int], tpog: bool,
-             expect: Optional[int]) -> None:
-    call = format_call("sync", mode, op, **({} if axis is None else {"axis": axis}))
+             expect: Optional[int], from_axis: Optional[int] = None) -> None:
+    axes = {} if from_axis is None else {"from_axis": from_axis}
+    call = format_call("sync", mode, op, **axes, **({} if axis is None else {"axis": axis}))
     sync_op = SyncOp(op, mode, axis=axis, tensor_parallel_output_grad=tpog, group=sch.group,
-                     path=sch.path, expect_axis=expect, call=call)
-    record = SyncRecord(mode, op, axis, tpog if op == "all_gather" else None)
+                     path=sch.path, expect_axis=expect, call=call, from_axis=from_axis)
+    record = SyncRecord(mode, op, axis, tpog if op == "all_gather" else None,
+                        from_axis=from_axis)
     mod = sch.mod
     if mode == "fwd_post" and op in ("all_reduce", "reduce_scatter") and \
             current_output(sch) == PARTIAL and getattr(mod, "bias", None) is not None:

@@ -78,13 +78,15 @@ class ShardInfo:
 
 @dataclasses.dataclass(frozen=True)
 class SyncRecord:
-    """One ``sync`` call: ``op`` is a string op name or ``"<fn name>"`` for a user function."""
+    """One ``sync`` call: ``op`` is a string op name or ``"<fn name>"`` for a user function;
+    ``from_axis`` is the partition axis an ``all_to_all`` moves away from (to ``axis``)."""
 
     mode: str
     op: str
     axis: Optional[int] = None
     tensor_parallel_output_grad: Optional[bool] = None
     user_fn: bool = False
+    from_axis: Optional[int] = None
 
 
 def shard_info(sch) -> Optional[ShardInfo]:
@@ -101,7 +103,7 @@ def after_op(layout: Layout, op: str, axis: Optional[int]) -> Layout:
     """The layout produced by string sync ``op`` from ``layout`` (validity checked elsewhere)."""
     if op in ("all_reduce", "all_gather"):
         return REPLICATED
-    if op in ("reduce_scatter", "scatter"):
+    if op in ("reduce_scatter", "scatter", "all_to_all"):
         return Layout("partition", axis)
     return layout
 

@@ -28,8 +28,10 @@ class SyncOp:
     def __init__(self, op: str, mode: str, *, axis: Optional[int] = None,
                  tensor_parallel_output_grad: bool = False,
                  group: Optional[dist.ProcessGroup] = None, path: str = "",
-                 expect_axis: Optional[int] = None, call: Optional[str] = None):
+                 expect_axis: Optional[int] = None, call: Optional[str] = None,
+                 from_axis: Optional[int] = None):
         self.op, self.mode, self.axis, self.call = op, mode, axis, call
+        self.from_axis = from_axis  # all_to_all: the partition axis the tensor arrives with
         self.tensor_parallel_output_grad = tensor_parallel_output_grad
         self.group, self.path, self.expect_axis = group, path, expect_axis
         self.__name__ = self.name
@@ -46,6 +48,7 @@ class SyncOp:
                            else "all_gather_forward_split_backward"),
             "reduce_scatter": "reduce_scatter_forward_all_gather_backward",
             "scatter": "split_forward_all_gather_backward",
+            "all_to_all": "all_to_all_forward_inverse_all_to_all_backward",
         }[self.op]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -54,16 +57,20 @@ class SyncOp:
                             path=self.path, call=self.call,
                             hint="sync a module whose (first) input/output is a tensor, or pass "
                             "a function that handles the structure")
-        if self.axis is not None and self.expect_axis is not None and \
-                -x.dim() <= self.axis < x.dim() and \
-                self.axis % x.dim() != self.expect_axis % x.dim():
+        # the axis the layout constrains: where an all_to_all after a module starts from
+        name, axis = (("from_axis", self.from_axis) if self.op == "all_to_all"
+                      and self.mode == "fwd_post" else ("axis", self.axis))
+        if axis is not None and self.expect_axis is not None and \
+                -x.dim() <= axis < x.dim() and axis % x.dim() != self.expect_axis % x.dim():
             raise SyncError(
-                f"{self.op} along axis {self.axis} of a {x.dim()}-D activation, but the layout "
+                f"{self.op} with {name}={axis} on a {x.dim()}-D activation, but the layout "
                 f"is partitioned on axis {self.expect_axis % x.dim()}", path=self.path,
-                call=self.call, hint=f"use axis={self.expect_axis}")
+                call=self.call, hint=f"use {name}={self.expect_axis}")
         fn = getattr(C, self.name)
         if self.op == "all_reduce" or self.mode == "bwd_post":
             return fn(x, self.group)
+        if self.op == "all_to_all":
+            return fn(x, self.from_axis, self.axis, self.group)
         return fn(x, self.axis, self.group)
 
     def __deepcopy__(self, memo: dict) -> "SyncOp":
@@ -73,6 +80,8 @@ class SyncOp:
 
     def __repr__(self) -> str:
         axis = "" if self.axis is None else f", axis={self.axis}"
+        if self.from_axis is not None:
+            axis = f", from_axis={self.from_axis}{axis}"
         return f"SyncOp({self.mode}, {self.name}{axis})"
 
 
