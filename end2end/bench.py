@@ -19,7 +19,8 @@
 3. the model is built from the zoo (:mod:`end2end.models`, random weights, no downloads); the
    Slapo modes get their model schedule (:mod:`slapo.model_schedule`: op-library SDPA
    attention, fusion, ``ckpt_ratio`` = CKPT; TP = the world size for ``slapo-megatron`` and
-   ``slapo``, no TP under ZeRO-3 for ``slapo-deepspeed``; with ``--pp`` also the stage cuts;
+   ``slapo``, no TP under ZeRO-3 for ``slapo-deepspeed`` and FSDP2 for ``slapo-fsdp`` (unless
+   ``--tp``: TP x FSDP); with ``--pp`` also the stage cuts;
    ``--knob NAME=VALUE`` adds recipe knobs, :mod:`end2end.knobs`), and
    :func:`end2end.runtimes.make_runner` wraps it in the mode's runtime;
 4. ``warmup`` steps run untimed, then ``steps`` timed steps (:class:`~end2end.measure.StepTimer`:
@@ -38,7 +39,8 @@ sees it too. ``SLAPO_BENCH_FAULT`` injects faults for tests (:mod:`end2end.measu
 like a CUDA OOM (on CPU the OOM is this budget; on CUDA the allocator is capped at it too).
 
 Batches: a data-parallel rank trains on ``B / DP`` samples, tensor-parallel ranks on the same
-batch (DP = n for ``deepspeed``/``slapo-deepspeed``/``eager``, TP = n for the others, see
+batch (DP = n for ``deepspeed``/``slapo-deepspeed``/``eager``/``fsdp``/``slapo-fsdp``, TP = n for
+the others, see
 ``RunSpec.parallel_sizes``); the batch is synthetic (``make_inputs``) and reused every step.
 
 Pipelines (``--pp P`` > 1; :mod:`end2end.pipeline_plan`): ``slapo`` (torch pipeline dialect) and
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "run is a fail/oom row and exit 1.")
     p.add_argument("--mode", required=True, choices=MODES,
                    help="system: Megatron-LM, Slapo-TP, DeepSpeed ZeRO-3, Slapo-ZeRO3, plain "
-                        "PyTorch, Slapo on plain PyTorch")
+                        "PyTorch, Slapo on plain PyTorch, FSDP2, Slapo on FSDP2, DTensor TP")
     p.add_argument("--model", required=True, help="a zoo name (python -m end2end.models)")
     p.add_argument("--seq-len", type=number(int, minimum=1), required=True,
                    help="encoder sequence length (WideResNet: 1)")
@@ -177,12 +179,15 @@ def _layout(spec) -> Dict[str, int]:
 
     tp, pp, dp = spec.parallel_sizes
     check_pipeline_mode(spec.mode, pp)
-    if tp > 1 and spec.framework != "megatron" and pp == 1 \
-            and not (spec.mode == "slapo" and tp == spec.n):
+    if tp > 1 and spec.framework != "megatron" and pp == 1 and spec.mode != "slapo-fsdp" \
+            and not (spec.mode in ("slapo", "dtensor-tp") and tp == spec.n):
         raise ConfigError(f"tp={tp} is not available in mode {spec.mode!r}",
-                          call="end2end.bench", hint="TP runs under the megatron modes "
-                          "(any tp dividing n), 'slapo' (tp = n), or a pipeline (--pp > 1) of "
-                          "'slapo'/'slapo-deepspeed' (any tp)")
+                          call="end2end.bench", hint="TP runs under the megatron modes and "
+                          "'slapo-fsdp' (any tp dividing n), 'slapo' and 'dtensor-tp' (tp = n), "
+                          "or a pipeline (--pp > 1) of 'slapo'/'slapo-deepspeed' (any tp)")
+    if spec.n % (tp * pp):
+        raise ConfigError(f"tp={tp} x pp={pp} does not divide the {spec.n} ranks",
+                          call="end2end.bench", hint="choose tp and pp dividing the world size")
     if spec.batch_size % dp:
         raise ConfigError(f"global batch {spec.batch_size} is not divisible by the "
                           f"{dp} data-parallel ranks", call="end2end.bench",

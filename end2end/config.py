@@ -6,14 +6,16 @@ One benchmark case per line (whitespace separated, shell-style quotes)::
     slapo-megatron bert-xlarge 2,4,8 512 0 "min(8*n, 48)" 0
 
 * ``#`` starts a comment (whole line or trailing); blank lines are skipped.
-* MODE: ``megatron slapo-megatron deepspeed slapo-deepspeed eager slapo``.
+* MODE: ``megatron slapo-megatron deepspeed slapo-deepspeed eager slapo`` and the PyTorch peers
+  ``fsdp slapo-fsdp dtensor-tp`` (:data:`end2end.runspec.MODES`).
 * MODEL: a name from the zoo (``python -m end2end.models``).
 * GPUS: ``2``, ``2,4,8`` or ``pow2`` (1, 2, 4, ... up to the largest power of two <= the
   available devices/ranks, passed as ``max_devices``). On CPU "GPUs" are gloo ranks.
 * SEQ_LEN (encoder length; WideResNet ignores it, write 1), DEC_SEQ_LEN (T5 only, else 0).
 * BATCH_SIZE: global batch, an expression in ``n`` (see :mod:`end2end.expr`; never ``eval``).
 * CKPT: Slapo modes: a ratio in [0, 1] (``full`` = 1); ``megatron``: ``0``/``full``/
-  ``selective``; ``deepspeed``/``eager``: ``0``/``1`` (``full`` = 1, HF gradient checkpointing).
+  ``selective``; ``deepspeed``/``eager``/``fsdp``/``dtensor-tp``: ``0``/``1`` (``full`` = 1,
+  HF gradient checkpointing).
   Quirk fixed: the artifact's ``megatron ... 1`` line passed ``--recompute-granularity 1`` to
   Megatron (an invalid choice, the run failed); here ``1`` means ``full`` with a warning, or an
   error with ``strict=True``.
@@ -82,7 +84,7 @@ def _parse_ckpt(mode: str, text: str, source: str, strict: bool) -> str:
             return "full"
         raise ConfigLineError(source, f"CKPT {text!r} is not valid for mode 'megatron'",
                               hint="use 0, full or selective")
-    if mode in ("deepspeed", "eager"):
+    if mode in ("deepspeed", "eager", "fsdp", "dtensor-tp"):
         if t in ("0", "0.0"):
             return "0"
         if t in ("1", "1.0", "full"):

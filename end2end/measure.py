@@ -172,13 +172,16 @@ class StepTimer:
 
 
 def local_parameters(model: Any) -> int:
-    """Parameter elements stored on this rank (TP shards as they are; ZeRO-3 partitions)."""
+    """Parameter elements stored on this rank (TP shards as they are; ZeRO-3 partitions; the
+    local part of a DTensor: FSDP2 shards, DTensor TP)."""
     module = getattr(model, "module", model)
     if not isinstance(module, nn.Module):
         return 0
     total = 0
     for p in module.parameters():
         part = getattr(p, "ds_tensor", None)
+        if part is None and hasattr(p, "to_local"):
+            part = p.to_local()
         total += part.numel() if part is not None else p.numel()
     return total
 

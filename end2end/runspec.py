@@ -10,11 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple, Union
 
-__all__ = ["MODES", "SLAPO_MODES", "ConfigLine", "RunSpec", "format_ratio", "run_key",
+__all__ = ["MODES", "SLAPO_MODES", "TP_MODES", "ConfigLine", "RunSpec", "format_ratio", "run_key",
            "default_parallel_sizes"]
 
-MODES = ("megatron", "slapo-megatron", "deepspeed", "slapo-deepspeed", "eager", "slapo")
-SLAPO_MODES = ("slapo", "slapo-megatron", "slapo-deepspeed")
+# The one list of benchmark modes (the driver, the configs and the runtimes read it from here).
+MODES = ("megatron", "slapo-megatron", "deepspeed", "slapo-deepspeed", "eager", "slapo",
+         "fsdp", "slapo-fsdp", "dtensor-tp")
+SLAPO_MODES = ("slapo", "slapo-megatron", "slapo-deepspeed", "slapo-fsdp")
+# modes whose default layout is tensor parallel over all ranks (the others are data parallel)
+TP_MODES = ("megatron", "slapo-megatron", "slapo", "dtensor-tp")
 
 
 def format_ratio(ratio: float) -> str:
@@ -23,10 +27,10 @@ def format_ratio(ratio: float) -> str:
 
 
 def default_parallel_sizes(mode: str, n: int) -> Tuple[int, int, int]:
-    """(TP, PP, DP) of a run without a layout directive, as in the artifact: Megatron modes and
-    ``slapo`` shard over all ranks (TP = n); DeepSpeed modes (ZeRO-3) and ``eager`` are data
-    parallel (DP = n)."""
-    return (n, 1, 1) if mode.endswith("megatron") or mode == "slapo" else (1, 1, n)
+    """(TP, PP, DP) of a run without a layout directive, as in the artifact: Megatron modes,
+    ``slapo`` and ``dtensor-tp`` shard over all ranks (TP = n); DeepSpeed modes (ZeRO-3), the
+    FSDP2 modes and ``eager`` are data parallel (DP = n)."""
+    return (n, 1, 1) if mode in TP_MODES else (1, 1, n)
 
 
 def run_key(mode: str, model: str, seq_len: int, dec_seq_len: int, n: int, batch_size: int,
@@ -97,11 +101,11 @@ class RunSpec:
 
     @property
     def framework(self) -> str:
-        """``megatron``, ``deepspeed`` or ``torch`` (eager / slapo on plain PyTorch)."""
-        if self.mode.endswith("megatron"):
-            return "megatron"
-        if self.mode.endswith("deepspeed"):
-            return "deepspeed"
+        """``megatron``, ``deepspeed``, ``fsdp`` (FSDP2) or ``torch`` (eager / slapo on plain
+        PyTorch, DTensor TP)."""
+        for framework in ("megatron", "deepspeed", "fsdp"):
+            if self.mode.endswith(framework):
+                return framework
         return "torch"
 
     @property

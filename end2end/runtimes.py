@@ -17,7 +17,19 @@
                      ``ckpt``; data parallel with ``DistributedDataParallel`` on several ranks)
 ``slapo``            the scheduled model on plain PyTorch (``slapo.build(target="torch")``);
                      on several ranks the schedule shards it (TP = world size)
+``fsdp``             the unscheduled HF model under FSDP2 (``fully_shard`` per layer + root),
+                     built through ``slapo.build(target="fsdp")`` with an empty schedule, so it
+                     gets exactly the same wrapping as ``slapo-fsdp``
+``slapo-fsdp``       the scheduled model under the same FSDP2 wrapping; with
+                     ``tensor_parallel`` > 1 the schedule shards over blocks of that many
+                     consecutive ranks and FSDP over the rest (TP x FSDP)
+``dtensor-tp``       the unscheduled HF model with PyTorch's DTensor TP plan of its family
+                     (:mod:`end2end.baselines.dtensor_plans`, TP = world size), the loss under
+                     ``loss_parallel``
 ===================  ==========================================================================
+
+Low precision (``dtype`` bf16/fp16): the DeepSpeed and FSDP2 modes train in mixed precision with
+fp32 master weights; the others train the model cast to ``dtype``.
 
 **Pipelines** (``pipeline_parallel`` > 1, modes ``slapo`` and ``slapo-deepspeed`` only): the
 schedule must cut the model into that many stages (the driver passes the recipe's
@@ -50,10 +62,11 @@ import slapo
 from slapo.runtime.distributed import init_distributed, teardown
 from slapo.errors import ConfigError
 
+from .runspec import MODES
+
 __all__ = ["MODES", "Runner", "ModelSchedule", "make_runner", "hf_model_from_config",
            "default_optimizer"]
 
-MODES = ("deepspeed", "slapo-deepspeed", "slapo-megatron", "megatron", "eager", "slapo")
 Batch = Dict[str, torch.Tensor]
 ScheduleFn = Callable[[slapo.Schedule], None]
 
@@ -173,10 +186,10 @@ def _schedule_group(mode: str, world_size: int, tp: int, pp: int = 1) -> Any:
         from slapo.dialects.megatron import initialize_megatron
 
         return initialize_megatron(tp)
-    if (pp > 1 or mode == "slapo-deepspeed") and world_size > 1:
-        # pipelines: this rank's block of tp consecutive ranks (slapo.dialects.layout);
-        # ZeRO-3 without TP: one rank per group
-        group, _ = dist.new_subgroups(group_size=tp if pp > 1 else 1)
+    if (pp > 1 or mode in ("slapo-deepspeed", "slapo-fsdp")) and world_size > 1:
+        # pipelines and TP x FSDP: this rank's block of tp consecutive ranks
+        # (slapo.dialects.layout); ZeRO-3 without TP: one rank per group
+        group, _ = dist.new_subgroups(group_size=1 if mode == "slapo-deepspeed" else tp)
         return group
     return None
 
@@ -253,11 +266,14 @@ def make_runner(
     model = model_or_config
     if not isinstance(model, nn.Module):
         model = hf_model_from_config(_config_of(model_or_config), seed)
-    if mode in ("deepspeed", "eager") and ckpt and ckpt != "0":
+    if mode in ("deepspeed", "eager", "fsdp", "dtensor-tp") and ckpt and ckpt != "0":
         model.gradient_checkpointing_enable()
     low = dtype is not None and dtype != torch.float32
-    if low and not mode.endswith("deepspeed"):
+    mixed = mode.endswith("deepspeed") or mode.endswith("fsdp")  # fp32 master weights
+    if low and not mixed:
         model = model.to(dtype)
+    if mode == "dtensor-tp":
+        return _dtensor_tp_runner(model, optimizer, env)
     if isinstance(schedule, ModelSchedule) and mode.startswith("slapo"):
         sch = schedule.apply(model, group)
     else:
@@ -265,7 +281,7 @@ def make_runner(
         if schedule is not None and mode.startswith("slapo"):
             schedule(sch)
     tp_size = dist.get_world_size(group) if env.world_size > 1 else 1  # group None: the world
-    if mode in ("slapo", "slapo-deepspeed") and tp_size > 1:
+    if mode in ("slapo", "slapo-deepspeed", "slapo-fsdp") and tp_size > 1:
         # per-TP-rank RNG streams for the schedule's fork_rng (attention dropout on this
         # rank's heads); the default stream is shared by the TP group
         slapo.set_random_seed(seed, dp_rank=env.rank // tp_size, tp_rank=dist.get_rank(group))
@@ -276,6 +292,11 @@ def make_runner(
         runtime, opt = slapo.build(sch, target="megatron", optimizer=optimizer,
                                    num_microbatches=num_microbatches)
         return Runner(mode, runtime.module, opt, runtime.train_step)
+    if mode.endswith("fsdp"):
+        built, opt = slapo.build(sch, target="fsdp", optimizer=optimizer,
+                                 mixed_precision=dtype if low else None)
+        return Runner(mode, built, opt, _torch_step(built, opt, dist.group.WORLD
+                                                    if env.world_size > 1 else None))
     if mode in ("eager", "slapo"):
         built, _ = slapo.build(sch, target="torch")
         built = built.to(env.device)
@@ -290,6 +311,30 @@ def make_runner(
         ds_config["bf16" if dtype == torch.bfloat16 else "fp16"] = {"enabled": True}
     engine, opt = slapo.build(sch, target="deepspeed", optimizer=optimizer, config=ds_config)
     return Runner(mode, engine, opt, _deepspeed_step(engine))
+
+
+def _dtensor_tp_runner(model: nn.Module, optimizer: Callable, env: Any) -> Runner:
+    """``dtensor-tp``: the family's DTensor plan over a 1-D mesh of all ranks; forward and
+    backward under ``loss_parallel``; the loss a DTensor, read whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from .baselines.dtensor_plans import apply_tp_plan, parallel_loss
+
+    family = getattr(getattr(model, "config", None), "model_type", None) or "wideresnet"
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    model = apply_tp_plan(model.to(env.device), family, mesh)
+    opt = optimizer([p for p in model.parameters() if p.requires_grad])
+
+    def step(batch: Batch) -> float:
+        opt.zero_grad(set_to_none=True)
+        with parallel_loss():
+            loss = model(**{k: v.to(env.device) for k, v in batch.items()}).loss
+            loss.backward()
+        opt.step()
+        loss = loss.detach()
+        return (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).item()
+
+    return Runner("dtensor-tp", model, opt, step)
 
 
 def _pipeline_runner(mode: str, sch: slapo.Schedule, stages: int, optimizer: Callable,
