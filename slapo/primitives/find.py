@@ -7,6 +7,7 @@ from typing import Callable, Optional
 import torch.fx as fx
 
 from ..errors import PatternError
+from ..trace.dynamo import is_dynamo_graph
 from ..trace.pattern import (PatternLike, SubgraphList, find_nodes, find_subgraphs, graph_modules,
                        validate_pattern)
 from .module_checks import format_call
@@ -52,6 +53,15 @@ class Find(Primitive):
             raise PatternError("nothing is traced at or below this module", path=sch.path,
                                call=call, module=sch.mod,
                                hint=f"call sch[{sch.path!r}].trace(...) first")
+        flat = [path for path, gm in graphs if is_dynamo_graph(gm)]
+        if isinstance(pattern, str) and len(flat) == len(graphs):
+            raise PatternError(
+                f"'{flat[0] or '<root>'}' was traced with tracer='dynamo': a flat graph of ATen "
+                "operations without module calls, so a regex on module names matches nothing",
+                path=sch.path, call=call, module=sch.mod,
+                hint=f"find(where=slapo.trace.dynamo.from_module({pattern!r})) selects the "
+                "operations that module ran; a pattern function matches operations (F.linear "
+                "matches aten.linear); or trace with the default tracer")
         found = SubgraphList()
         for path, gm in graphs:
             if pattern is None or isinstance(pattern, str):

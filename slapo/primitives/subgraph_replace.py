@@ -47,7 +47,10 @@ class RegionModule(nn.Module):
         if self._compiled is None:
             import torch
 
-            self._compiled = torch.compile(self._region, backend=self.compiler)
+            # hidden like _region: registered, the compiled module would add the region's
+            # modules to state_dict and the schedule tree after the first call
+            object.__setattr__(self, "_compiled",
+                               torch.compile(self._region, backend=self.compiler))
         return self._compiled
 
     def forward(self, *args: Any) -> Any:

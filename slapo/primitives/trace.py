@@ -16,6 +16,8 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import TraceError
+from ..trace.dynamo import check_tracer, trace_dynamo
+from ..trace.stand_ins import meta_stand_ins
 from ..trace.tracer import Inputs, has_wrappers, is_builtin_leaf, trace_module
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
@@ -59,7 +61,7 @@ def capture_inputs(root: nn.Module, target: nn.Module, example_inputs: Any, path
     args, kwargs = _as_inputs(example_inputs)
     handle = target.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), meta_stand_ins(root):
             root(*args, **kwargs)
     except _Captured:
         pass
@@ -167,6 +169,7 @@ class Trace(Primitive):
         leaves: LeafSpec = (),
         flatten: bool = False,
         recursive: bool = True,
+        tracer: str = "fx",
     ) -> fx.GraphModule:
         """Trace this module into an ``fx.GraphModule`` that replaces it in place.
 
@@ -188,6 +191,10 @@ class Trace(Primitive):
         literal arguments are fixed at trace time (literal arguments are guarded). Tracing
         does not change the global RNG state. Already traced: returns the GraphModule.
 
+        ``tracer="dynamo"`` traces with ``torch.export`` instead, for code the default
+        (``"fx"``) cannot follow: one flat ATen graph, same parameter names and state_dict,
+        no ``call_module`` nodes (see :mod:`slapo.trace.dynamo`).
+
         Before: ``sch.mod`` is the module. After: ``sch.mod`` is a ``GraphModule`` callable
         the same way (same parameter names, hooks, state_dict).
 
@@ -195,8 +202,11 @@ class Trace(Primitive):
             TraceError: no inputs known; the module is not called by the model; a construct
                 could not be traced (the message names the source line).
         """
+        check_tracer(sch, tracer)
         ins = _resolve_inputs(sch, inputs, example_inputs)
         _check_leaves(sch, leaves)
+        if tracer != "fx":
+            return trace_dynamo(sch, ins, leaves=leaves, flatten=flatten, recursive=recursive)
         return _trace_node(sch, ins, tuple(leaves), flatten, recursive, None)
 
 

@@ -23,6 +23,7 @@ import dataclasses
 import re
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+import torch
 import torch.fx as fx
 from torch import nn
 
@@ -127,7 +128,9 @@ def _op_name(node: fx.Node, owner: Optional[nn.Module]) -> str:
             if type(mod) is cls:
                 return fn_name
         return f"module:{type(mod).__name__}"
-    if node.op == "call_function":
+    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        name = node.target.overloadpacket.__name__  # aten.add.Tensor (dynamo graphs) -> add
+    elif node.op == "call_function":
         name = getattr(node.target, "__name__", str(node.target)).strip("_")
     elif node.op == "call_method":
         name = node.target

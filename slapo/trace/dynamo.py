@@ -1,0 +1,194 @@
+"""``trace(tracer="dynamo")``: one flat ATen graph from ``torch.export``, for modules the default
+tracer cannot follow.
+
+The default tracer (:mod:`slapo.trace.tracer`) keeps the module hierarchy: every child stays a
+``call_module`` node with its own schedule path. It runs the forward on proxies, so Python that
+inspects values (``isinstance(h, torch.Tensor)``, a custom ``autograd.Function``, library code
+that branches on tensor types) can trace into the wrong graph or not at all. ``torch.export``
+runs the forward on fake tensors instead and records every operation as an ATen op
+(``aten.linear``, ``aten.gelu`` ...): it follows such code, at the price of a *flat* graph.
+
+What that means for a schedule:
+
+* The traced module's parameters and buffers keep their names and objects (``state_dict`` keys
+  do not change), but its children become plain attribute holders: there are no ``call_module``
+  nodes, so ``find`` with a module-name regex refuses; ``node.meta["nn_module_stack"]`` still
+  names the module each node came from: ``find(where=from_module("fc1"))``. Pattern functions
+  match (a pattern's ``F.gelu`` / ``x + y`` / ``F.linear`` match ``aten.gelu`` / ``aten.add`` /
+  ``aten.linear``); ``fuse``, subgraph ``replace`` and ``checkpoint`` work on the matches.
+* Hooks and slapo forward wrappers inside the module (``sync``, ``checkpoint``, ``fork_rng``)
+  cannot survive a flat graph, so tracing refuses them: trace first, then apply those.
+* Tensor inputs are exported with automatic dynamic shapes (other batch and sequence sizes
+  work where the code allows); non-tensor inputs, ``self.training`` and control flow are fixed
+  at trace time, as with the default tracer.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from typing import Any, List
+
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils import _pytree as pytree
+
+from ..errors import TraceError
+from ..runtime.forward_wrap import forward_wrappers
+
+__all__ = ["export_module", "trace_dynamo", "check_tracer", "is_dynamo_graph", "from_module",
+           "TracedMode", "TRACER", "TRACERS"]
+
+TRACER = "dynamo"
+_META_KEY = "slapo_tracer"
+
+
+def is_dynamo_graph(gm: nn.Module) -> bool:
+    """Whether ``gm`` was traced with ``tracer="dynamo"`` (a flat ATen graph)."""
+    return isinstance(gm, fx.GraphModule) and gm.meta.get(_META_KEY) == TRACER
+
+
+def _hooked(mod: nn.Module) -> List[str]:
+    out = []
+    for name, m in mod.named_modules():
+        if (m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+                or getattr(m, "_backward_pre_hooks", None) or forward_wrappers(m)):
+            out.append(name or "<the module itself>")
+    return out
+
+
+def _dynamic_shapes(mod: nn.Module, args: tuple, kwargs: dict) -> Any:
+    """Every axis of every tensor input marked ``Dim.AUTO``, keyed by forward parameter name."""
+    def dims(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return {i: torch.export.Dim.AUTO for i in range(v.dim())}
+        return None
+
+    def spec(value: Any) -> Any:
+        return pytree.tree_map(dims, value, is_leaf=lambda v: v is None)
+
+    try:
+        bound = inspect.signature(mod.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return None  # static shapes: still correct for the traced sizes
+    return {name: spec(value) for name, value in bound.arguments.items()}
+
+
+def _mode_dependent(node: fx.Node) -> bool:
+    name = str(getattr(node.target, "__name__", node.target))
+    return node.op == "call_function" and ("dropout" in name or "batch_norm" in name)
+
+
+class TracedMode:
+    """Forward pre-hook of a dynamo graph with dropout or batch norm: the graph computes them
+    as in the mode it was traced in, so running it in the other mode is an error, not a
+    silently wrong result."""
+
+    def __init__(self, training: bool, path: str):
+        self.training, self.path = training, path
+
+    def __call__(self, module: nn.Module, args: tuple) -> None:
+        if module.training != self.training:
+            traced, now = (("train", "eval") if self.training else ("eval", "train"))
+            raise TraceError(
+                f"this dynamo graph was traced in {traced} mode and holds dropout or batch "
+                f"norm fixed to it, but runs in {now} mode", path=self.path,
+                call="trace(tracer='dynamo')",
+                hint=f"call trace(tracer='dynamo') with the model in {now} mode, or use the "
+                "default tracer")
+
+
+def export_module(mod: nn.Module, inputs: Any, *, path: str = "") -> fx.GraphModule:
+    """A flat GraphModule of ``mod`` called with ``inputs = (args, kwargs)`` (``torch.export``).
+
+    The result holds ``mod``'s parameters and buffers (same objects, same names) and runs in
+    ``mod``'s training mode.
+
+    Raises:
+        TraceError: hooks or forward wrappers inside ``mod``; ``torch.export`` failed (the
+            message carries its first line).
+    """
+    hooked = _hooked(mod)
+    if hooked:
+        raise TraceError(
+            f"{', '.join(hooked[:4])} carr{'ies' if len(hooked) == 1 else 'y'} hooks or slapo "
+            "forward wrappers (sync, checkpoint, fork_rng); a flat dynamo graph has no module "
+            "calls to keep them on, so they would be baked in once or lost",
+            path=path, call="trace(tracer='dynamo')", module=mod,
+            hint="trace with tracer='dynamo' before applying those primitives, or use the "
+            "default tracer, which keeps them")
+    args, kwargs = inputs
+    args, kwargs = tuple(args), dict(kwargs)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            program = torch.export.export(mod, args, kwargs,
+                                          dynamic_shapes=_dynamic_shapes(mod, args, kwargs),
+                                          strict=False)
+    except Exception as e:  # torch.export reports many error types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise TraceError(
+            f"torch.export could not trace the module: {type(e).__name__}: {first}",
+            path=path, call="trace(tracer='dynamo')", module=mod,
+            hint="use the default tracer (drop tracer=), or replace the construct torch.export "
+            "rejects (data-dependent control flow needs torch.cond)") from e
+    gm = program.module()
+    for name in ("train", "eval"):  # torch.export's module refuses both; the parent calls them
+        gm.__dict__.pop(name, None)
+    gm.training = mod.training
+    if any(_mode_dependent(n) for n in gm.graph.nodes):
+        gm.register_forward_pre_hook(TracedMode(mod.training, path))
+    gm.meta[_META_KEY] = TRACER
+    return gm
+
+
+_OTHER_TRACERS = {
+    "pytorch": "tracer='fx' (the default: torch.fx, keeping the module hierarchy); drop tracer=",
+    "huggingface": "drop tracer=: the default tracer follows HF modules itself (transformers 5 "
+                   "has no HF tracer); use tracer='dynamo' for code it cannot follow",
+}
+TRACERS = ("fx", TRACER)
+
+
+def check_tracer(sch, tracer: Any) -> None:
+    """Raise TraceError for a ``tracer=`` other than ``"fx"`` and ``"dynamo"``."""
+    if tracer in TRACERS:
+        return
+    hint = _OTHER_TRACERS.get(tracer, "use tracer='fx' (the default) or tracer='dynamo'")
+    raise TraceError(f"unknown tracer {tracer!r}", path=sch.path,
+                     call=f"trace(tracer={tracer!r})", module=sch.mod, hint=hint)
+
+
+def trace_dynamo(sch, inputs: Any, *, leaves: Any, flatten: bool, recursive: bool
+                 ) -> fx.GraphModule:
+    """``sch.trace(tracer="dynamo")``: export ``sch.mod`` and put the graph in its place."""
+    if isinstance(sch.mod, fx.GraphModule):
+        return sch.mod
+    if leaves or flatten or not recursive:
+        raise TraceError("leaves=, flatten= and recursive= are options of the default tracer",
+                         path=sch.path, call="trace(tracer='dynamo')", module=sch.mod,
+                         hint="drop them: a dynamo graph is always flat, without leaves")
+    gm = export_module(sch.mod, inputs, path=sch.path)
+    sch.swap_module(gm)
+    sch.metadata["trace"] = {"tracer": TRACER, "flatten": True, "leaves": []}
+    return gm
+
+
+class from_module:  # used like a function: find(where=from_module("fc1"))
+    """``find(where=from_module(regex))`` on a dynamo graph: the operations that module
+    ``regex`` (``re.match`` on its path relative to the traced module) ran, by
+    ``node.meta["nn_module_stack"]`` (a flat graph has no ``call_module`` nodes to match)."""
+
+    def __init__(self, regex: str):
+        self.regex = regex
+        self.__qualname__ = f"from_module({regex!r})"
+
+    def __call__(self, node: fx.Node) -> bool:
+        stack = node.meta.get("nn_module_stack") or {}
+        if node.op != "call_function" or not stack:
+            return False
+        path = list(stack.values())[-1][0]
+        return re.match(self.regex, path) is not None
+
+    def __repr__(self) -> str:
+        return f"from_module({self.regex!r})"
