@@ -1,6 +1,7 @@
 """Figure 7 from a results file: throughput per model, GPU/rank count and system.
 
     python -m end2end.plot results.tsv [more.tsv ...] -o fig7     # -> fig7.png, fig7.pdf
+    python -m end2end.plot peers.tsv --peers -o peers             # the PyTorch peers figure
 
 One panel per workload — (model, seq, dec seq): runs at other sequence lengths are never
 compared — titled with the sequence length and batch size(s); x = GPU (rank) counts, one bar
@@ -19,6 +20,10 @@ speedup over its baseline (Slapo-TP / Megatron-LM, Slapo-ZeRO3 / DeepSpeed, Slap
 the ratio of the medians, or "~" when the two bars' ranges overlap (within noise). Speedups
 (those pairs and best Slapo vs best baseline; medians with ranges) are printed. All numbers come
 from the results file (aggregation: :mod:`end2end.summary`).
+
+``--peers`` draws the same kind of figure for today's PyTorch peers (configs/*_peers.cfg): only
+the rows of FSDP2, Slapo-FSDP2, DTensor-TP and Slapo-TP, with the speedups Slapo-FSDP2 / FSDP2
+and Slapo-TP / DTensor-TP.
 """
 
 from __future__ import annotations
@@ -30,14 +35,18 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 from .results import ResultRow, read_results
-from .summary import (COLOR, LABEL, PAIRS, SYSTEMS, Cell, Panel, PlotError, figure7_table,
-                      Table, figure_systems, format_speedups, panel_systems, panel_title,
-                      speedups)
+from .summary import (COLOR, GROUPS, LABEL, PAIRS, PEER_GROUPS, SYSTEMS, Cell, Panel,
+                      PlotError, figure7_table, Table, figure_systems, format_speedups,
+                      panel_systems, panel_title, speedups)
 
 __all__ = ["SYSTEMS", "Cell", "Panel", "PlotError", "figure7_table", "figure_systems",
            "speedups", "format_speedups", "make_figure", "plot_results", "main"]
 
-_PAIR_BASE = dict(PAIRS)  # a Slapo system's bar is labelled with its speedup over this baseline
+
+
+def _pair_base(cells, impl: str) -> Optional[Cell]:
+    """The baseline a Slapo bar's speedup is over: its first pair (``PAIRS``) with a bar here."""
+    return next((cells[base] for num, base in PAIRS if num == impl and base in cells), None)
 
 
 def _bar(ax, pos: float, width: float, impl: str, cell: Cell, ref: Optional[Cell]) -> None:
@@ -55,7 +64,7 @@ def _bar(ax, pos: float, width: float, impl: str, cell: Cell, ref: Optional[Cell
                     textcoords="offset points", ha="center", va="bottom", fontsize=7)
 
 
-def make_figure(table: Table, x_label: str = "# GPUs", title: str = ""):
+def make_figure(table: Table, x_label: str = "# GPUs", title: str = "", groups=GROUPS):
     """A matplotlib Figure: one bar panel per model (see the module docstring)."""
     import matplotlib
 
@@ -63,14 +72,14 @@ def make_figure(table: Table, x_label: str = "# GPUs", title: str = ""):
     import matplotlib.pyplot as plt
 
     models = list(table)
-    systems = figure_systems(table)
+    systems = figure_systems(table, groups)
     ncols = min(3, max(1, len(models)))
     nrows = max(1, math.ceil(len(models) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 3.0 * nrows + 0.6),
                              squeeze=False)
     for ax, model in zip(axes.flat, models):
         ns = sorted(table[model])
-        slots = {n: panel_systems(table[model][n], systems) for n in ns}
+        slots = {n: panel_systems(table[model][n], systems, groups) for n in ns}
         width = 0.8 / max(1, max(len(v) for v in slots.values()))
         peak = max((c.samples.hi for per in table[model].values() for c in per.values()
                     if c.thrpt is not None), default=1.0)
@@ -80,7 +89,7 @@ def make_figure(table: Table, x_label: str = "# GPUs", title: str = ""):
                 cell = cells.get(impl)
                 pos = x + (s_idx - (len(panel) - 1) / 2) * width
                 if cell is not None and cell.thrpt is not None:
-                    _bar(ax, pos, width, impl, cell, cells.get(_PAIR_BASE.get(impl, "")))
+                    _bar(ax, pos, width, impl, cell, _pair_base(cells, impl))
                 elif cell is not None:  # ran, no throughput
                     ax.plot(pos, 0.04 * peak, marker="x", markersize=9, markeredgewidth=2.5,
                             color=COLOR.get(impl, "#777777"), linestyle="none")
@@ -114,7 +123,8 @@ def make_figure(table: Table, x_label: str = "# GPUs", title: str = ""):
 
 
 def plot_results(paths: Sequence[Union[str, Path]], out_prefix: Union[str, Path],
-                 models: Optional[Sequence[str]] = None, title: str = "", best: bool = False):
+                 models: Optional[Sequence[str]] = None, title: str = "", best: bool = False,
+                 peers: bool = False):
     """Read results file(s), write ``<out_prefix>.png`` and ``.pdf``; return (table, speedups,
     [png, pdf]). Damaged lines are skipped with a ``file:line`` warning; no rows, or rows that
     would put unlike runs in one bar (see :func:`figure7_table`), raise :class:`PlotError`."""
@@ -132,13 +142,16 @@ def plot_results(paths: Sequence[Union[str, Path]], out_prefix: Union[str, Path]
         devices |= {r.device for r in res.rows}
     if models:
         rows = [r for r in rows if r.model in models]
+    if peers:  # the peers figure: only its systems
+        rows = [r for r in rows if r.impl in PEER_GROUPS[0]]
     if not rows:
         raise PlotError(f"no rows to plot in {', '.join(map(str, paths))}"
                         + (f" for the models {', '.join(models)}" if models else ""),
                         hint="run the sweep first (end2end/README.md), or check --models")
     table = figure7_table(rows, best=best)
     on_cpu = devices and all(d.lower().startswith("cpu") for d in devices)
-    fig = make_figure(table, x_label="# ranks" if on_cpu else "# GPUs", title=title)
+    fig = make_figure(table, x_label="# ranks" if on_cpu else "# GPUs", title=title,
+                      groups=PEER_GROUPS if peers else GROUPS)
     out = Path(out_prefix)
     if out.suffix in (".png", ".pdf"):
         out = out.with_suffix("")
@@ -171,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a system with rows at several batch/ckpt settings of one workload "
                         "and GPU count gets its best one (the paper's Figure 7); default: "
                         "refuse, naming the clash")
+    p.add_argument("--peers", action="store_true",
+                   help="the PyTorch peers figure: only FSDP2 / Slapo-FSDP2 / DTensor-TP / "
+                        "Slapo-TP rows (configs/*_peers.cfg)")
     p.add_argument("--debug", action="store_true", help="full traceback of an error")
     return p
 
@@ -183,7 +199,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     def run() -> int:
         table, items, files = plot_results(args.results, args.output, args.models,
-                                           args.title, args.best)
+                                           args.title, args.best, args.peers)
         print(format_speedups(items, table)
               or "no comparable pairs (need two systems with throughput)")
         print("wrote " + ", ".join(map(str, files)))

@@ -22,9 +22,9 @@ from slapo.errors import ConfigError
 from .results import ResultRow
 from .stats import Ratio, Samples
 
-__all__ = ["SYSTEMS", "GROUPS", "PAIRS", "BASELINES", "LABEL", "COLOR", "PlotError", "Panel",
-           "Cell", "Speedup", "figure7_table", "figure_systems", "panel_systems", "panel_title",
-           "speedups", "format_speedups"]
+__all__ = ["SYSTEMS", "GROUPS", "PEER_GROUPS", "PAIRS", "BASELINES", "LABEL", "COLOR",
+           "PlotError", "Panel", "Cell", "Speedup", "figure7_table", "figure_systems",
+           "panel_systems", "panel_title", "speedups", "format_speedups"]
 
 # (impl, legend label, colour)
 SYSTEMS: Tuple[Tuple[str, str, str], ...] = (
@@ -34,12 +34,20 @@ SYSTEMS: Tuple[Tuple[str, str, str], ...] = (
     ("slapo-deepspeed", "Slapo-ZeRO3", "#c44e52"),
     ("eager", "Eager", "#8172b3"),
     ("slapo", "Slapo", "#937860"),
+    # today's PyTorch peers (issue 18; configs/*_peers.cfg)
+    ("fsdp", "FSDP2", "#8c8c8c"),
+    ("slapo-fsdp", "Slapo-FSDP2", "#da8bc3"),
+    ("dtensor-tp", "DTensor-TP", "#64b5cd"),
 )
 # Panels show a group of systems when the model has a row of any system in it (then a missing
 # member, e.g. Megatron-LM for RoBERTa, gets a grey "x"): the Figure-7 four, and the CPU pair.
 GROUPS = (("megatron", "slapo-megatron", "deepspeed", "slapo-deepspeed"), ("eager", "slapo"))
-PAIRS = (("slapo-megatron", "megatron"), ("slapo-deepspeed", "deepspeed"), ("slapo", "eager"))
-BASELINES = ("megatron", "deepspeed", "eager")
+# The peers figure (plot --peers): FSDP2 and DTensor TP with their Slapo counterparts.
+PEER_GROUPS = (("fsdp", "slapo-fsdp", "dtensor-tp", "slapo-megatron"),)
+# (Slapo system, its baseline); a Slapo bar is labelled with the first baseline of its panel
+PAIRS = (("slapo-megatron", "megatron"), ("slapo-deepspeed", "deepspeed"), ("slapo", "eager"),
+         ("slapo-fsdp", "fsdp"), ("slapo-megatron", "dtensor-tp"))
+BASELINES = ("megatron", "deepspeed", "eager", "fsdp", "dtensor-tp")
 LABEL = {impl: label for impl, label, _ in SYSTEMS}
 COLOR = {impl: color for impl, _, color in SYSTEMS}
 
@@ -124,24 +132,25 @@ def _setting_cell(rows: List[ResultRow], setting: Tuple[int, str],
     return Cell(None, _failure(failed), len(rows), setting[0], settings, failed=len(failed))
 
 
-def figure_systems(table: Table) -> List[str]:
+def figure_systems(table: Table, groups: Sequence[Sequence[str]] = GROUPS) -> List[str]:
     """Every system of the figure: all members of each group (``GROUPS``) that has a row
     anywhere, then systems outside the groups; each keeps its slot and legend entry."""
     present = {impl for per_n in table.values() for cells in per_n.values() for impl in cells}
-    keep = _with_groups(present)
+    keep = _with_groups(present, groups)
     known = [impl for impl, _, _ in SYSTEMS if impl in keep]
     return known + sorted(keep - set(known))
 
 
-def panel_systems(cells: Dict[str, Cell], systems: List[str]) -> List[str]:
+def panel_systems(cells: Dict[str, Cell], systems: List[str],
+                  groups: Sequence[Sequence[str]] = GROUPS) -> List[str]:
     """The systems with a slot at one GPU count of a panel: every group that runs there."""
-    keep = _with_groups(set(cells))
+    keep = _with_groups(set(cells), groups)
     return [impl for impl in systems if impl in keep]
 
 
-def _with_groups(present: set) -> set:
+def _with_groups(present: set, groups: Sequence[Sequence[str]] = GROUPS) -> set:
     keep = set(present)
-    for group in GROUPS:
+    for group in groups:
         if present & set(group):
             keep |= set(group)
     return keep
