@@ -4,7 +4,9 @@ Attention (``attention``, ``AttentionOp``, ``SelfAttention``, HF adapters via
 ``attention_from_hf``), fused element-wise ops (``bias_gelu``, ``bias_dropout_residual`` ...),
 MLPs (``MLP``, ``GatedMLP``, ``mlp_from_hf``), the fused sub-layer epilogue of BERT/RoBERTa
 (``DenseDropoutResidualNorm``, ``residual_norm_from_hf``), conv+BatchNorm folding for inference
-(``fuse_conv_bn``, ``fuse_conv_bn_split``, ``ChannelBias``). Used with ``sch[path].replace(...)``.
+(``fuse_conv_bn``, ``fuse_conv_bn_split``, ``ChannelBias``), a debugging identity that logs
+tensor statistics on every rank (``TensorLog``, ``insert_log``). Used with
+``sch[path].replace(...)``.
 Builders from HF modules record the parameter provenance ``slapo.verify`` uses
 (:mod:`slapo.provenance`).
 """
@@ -18,6 +20,7 @@ from .attention import (
     repeat_kv,
 )
 from .conv_bn import ChannelBias, fold_conv_bn, fuse_conv_bn, fuse_conv_bn_split
+from .debug import TensorLog, insert_log, tensor_summary
 from .fused import (
     FusedBiasDropoutResidual,
     FusedBiasGeLU,
@@ -55,4 +58,5 @@ __all__ = [
     "MLP", "GatedMLP", "DenseActivation", "mlp_from_hf",
     "DenseDropoutResidualNorm", "residual_norm_from_hf",
     "fuse_conv_bn", "fuse_conv_bn_split", "fold_conv_bn", "ChannelBias",
+    "TensorLog", "insert_log", "tensor_summary",
 ]
