@@ -4,9 +4,10 @@ The shared layer ``albert.encoder.albert_layer_groups.G.albert_layers.0``: ``att
 op-library ``HFAlbertAttention``, which keeps HF's output projection, dropout, residual and
 LayerNorm (the original dropped the residual+LayerNorm and made the attention causal; not here:
 non-causal, as HF). TP: heads (``attention``), MLP ``ffn`` (column) / ``ffn_output`` (row),
-vocab-parallel word embedding and tied ``predictions.decoder`` (logits all-gathered for HF's
-masked-LM loss). Checkpointing: the layer group is *called* L times; exactly the calls
-``checkpoint_layer_ids(L, ckpt_ratio)`` are recomputed (all calls: ``checkpoint()`` on the
+vocab-parallel word embedding and tied ``predictions.decoder`` (masked-LM loss on the
+vocab-sharded logits, :class:`slapo.op.lm_loss.VocabParallelLMLoss`). Checkpointing: the layer
+group is *called* L times; exactly the calls ``checkpoint_layer_ids(L, ckpt_ratio)`` are
+recomputed (all calls: ``checkpoint()`` on the
 group; some: :class:`~slapo.model_schedule.checkpointing.CheckpointCalls`).
 """
 
@@ -37,6 +38,6 @@ def schedule_albert(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
     if mode.tp and cfg.shard_embedding:
         C.shard_embedding(sch, [C.join(p, "embeddings.word_embeddings")])
         if "predictions.decoder" in sch:
-            C.shard_lm_head(sch, "predictions.decoder", mode, gather_logits=True)
+            C.shard_lm_head(sch, "predictions.decoder", mode, cfg, loss="masked")
     checkpoint_shared_layers(sch, encoder, sch.mod.config.num_hidden_layers, cfg.ckpt_ratio)
     C.cut_pipeline(sch, cfg, [], "albert", example_inputs)

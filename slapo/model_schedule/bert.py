@@ -6,9 +6,10 @@ QKV with ``fuse``); bias+GeLU fused in ``intermediate`` with the knob ``fuse_bia
 dense bias decomposed and fused with dropout+residual+LayerNorm in ``attention.output`` and
 ``output`` with the knob ``fuse_bias_dropout_ln`` (True: inductor, a backend name, "eager").
 TP: heads column/row (``attention.self`` / ``attention.output.dense``), MLP
-``intermediate.dense`` / ``output.dense``, vocab-parallel word embedding and tied decoder
-(logits all-gathered for HF's masked-LM loss; ``BertLMHeadModel`` keeps them vocab-sharded with
-the vocab-parallel causal loss).
+``intermediate.dense`` / ``output.dense``, vocab-parallel word embedding and tied decoder with
+the loss computed on the vocab-sharded logits (masked LM: :class:`slapo.op.lm_loss.
+VocabParallelLMLoss`; ``BertLMHeadModel``: the vocab-parallel causal loss); knob
+``vocab_parallel_loss=False`` all-gathers the logits for HF's own loss instead.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def schedule_bert_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fa
         C.shard_embedding(sch, [C.join(p, "embeddings.word_embeddings")])
         head = "cls.predictions.decoder" if "cls.predictions.decoder" in sch else "lm_head.decoder"
         if head in sch:
-            C.shard_lm_head(sch, head, mode, gather_logits=not causal)
+            C.shard_lm_head(sch, head, mode, cfg, loss="causal" if causal else "masked")
     C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
     C.cut_pipeline(sch, cfg, [layers], family, example_inputs)
 

@@ -233,23 +233,34 @@ def shard_embedding(sch: Schedule, paths: Sequence[str]) -> None:
             sch[path].sync("fwd_post", "all_reduce")
 
 
-def shard_lm_head(sch: Schedule, path: str, mode: TPMode, *, gather_logits: bool) -> None:
-    """Vocab-parallel LM head (tied to the embedding or not). ``gather_logits``: all-gather the
-    logits (for models whose forward computes the loss on full logits itself: masked LMs, T5);
-    otherwise the logits stay vocab-sharded and the model's ``loss_function`` becomes
-    :class:`slapo.op.cross_entropy.VocabParallelCausalLMLoss` (no full-vocab tensor is built)."""
+def shard_lm_head(sch: Schedule, path: str, mode: TPMode, cfg: ScheduleConfig, *,
+                  loss: str) -> None:
+    """Vocab-parallel LM head (tied to the embedding or not) and the model's loss over its
+    vocab-sharded logits: ``loss="causal"`` sets the model's ``loss_function`` to
+    :class:`slapo.op.cross_entropy.VocabParallelCausalLMLoss`; ``"masked"`` / ``"seq2seq"``
+    (models whose forward computes a plain cross-entropy on full logits itself) wrap the model's
+    forward in :class:`slapo.op.lm_loss.VocabParallelLMLoss`. No full-vocabulary tensor is built;
+    the outputs' logits are this rank's shard. With ``cfg.vocab_parallel_loss=False``, and for
+    masked/seq2seq models cut into pipeline stages, the logits are all-gathered instead and the
+    model's own loss runs on them."""
     from ..op.cross_entropy import VocabParallelCausalLMLoss
+    from ..op.lm_loss import VocabParallelLMLoss
+    from ..runtime.forward_wrap import install_forward_wrapper
 
     node = sch[path]
     names = ["weight"] + (["bias"] if getattr(node.mod, "bias", None) is not None else [])
     node.shard(names, axis=0)
     if not mode.sp:
         node.sync("bwd_post", "all_reduce")
-    if gather_logits:
+    if not cfg.vocab_parallel_loss or (loss != "causal" and cfg.pipeline_cuts):
         node.sync("fwd_post", "all_gather", axis=-1)
-    else:
+        return
+    if loss == "causal":
         sch.root.mod.loss_function = VocabParallelCausalLMLoss(sch.group)
-        sch.root.metadata["vocab_parallel_loss"] = True
+    else:
+        install_forward_wrapper(sch.root.mod, "vocab_parallel_loss",
+                                VocabParallelLMLoss(loss, sch.group))
+    sch.root.metadata["vocab_parallel_loss"] = loss
 
 
 def sequence_parallel_region(sch: Schedule, first_layer: str, norms: Sequence[str],

@@ -15,7 +15,8 @@ __all__ = ["ScheduleConfig", "checkpoint_layer_ids", "make_config"]
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ATTENTION_KERNELS = ("auto", "math", "flash", "efficient", "cudnn", "eager")
-_BOOL_KNOBS = ("fuse", "sequence_parallel", "shard_embedding", "delay_init")
+_BOOL_KNOBS = ("fuse", "sequence_parallel", "shard_embedding", "vocab_parallel_loss",
+               "delay_init")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,9 @@ class ScheduleConfig:
         shard_embedding: under TP, shard the word embedding and the LM head over the vocabulary
             (vocab-parallel); False keeps them replicated while the layers are still sharded
             (the ablation's "attention/FFN TP" step).
+        vocab_parallel_loss: with a vocab-parallel LM head, compute the loss on the vocab-sharded
+            logits (no batch x sequence x vocabulary all-gather; the outputs' logits are this
+            rank's shard); False all-gathers the logits and the model's own loss runs on them.
         pipeline_cuts: layer indices after which to cut pipeline stages.
         delay_init: build replacement modules on the meta device.
         prefix: path of the backbone inside the model (e.g. "bert"); "" = detect.
@@ -47,6 +51,7 @@ class ScheduleConfig:
     ckpt_ratio: float = 0.0
     sequence_parallel: bool = False
     shard_embedding: bool = True
+    vocab_parallel_loss: bool = True
     pipeline_cuts: Tuple[int, ...] = ()
     delay_init: bool = False
     prefix: str = ""

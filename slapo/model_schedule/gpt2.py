@@ -37,7 +37,7 @@ def schedule_gpt_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fam
     if mode.tp and cfg.shard_embedding:
         C.shard_embedding(sch, [C.join(p, "wte")])
         if "lm_head" in sch:
-            C.shard_lm_head(sch, "lm_head", mode, gather_logits=False)
+            C.shard_lm_head(sch, "lm_head", mode, cfg, loss="causal")
     if mode.sp:
         norms = [f"{h}.{n}" for h in layers for n in plan.norms]
         C.sequence_parallel_region(sch, layers[0], norms, C.join(p, "ln_f"))

@@ -36,7 +36,7 @@ def schedule_llama(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
     if mode.tp and cfg.shard_embedding:
         C.shard_embedding(sch, [C.join(p, "embed_tokens")])
         if "lm_head" in sch:
-            C.shard_lm_head(sch, "lm_head", mode, gather_logits=False)
+            C.shard_lm_head(sch, "lm_head", mode, cfg, loss="causal")
     if mode.sp:
         norms = [f"{layer}.{n}" for layer in layers for n in PLAN.norms]
         C.sequence_parallel_region(sch, layers[0], norms, C.join(p, "norm"))

@@ -7,8 +7,10 @@ decoder; fused QKV with ``fuse``); ``decoder.block.N.layer.1.EncDecAttention`` -
 cross (never fused). ``use_cache`` off. TP: heads (the relative-bias embedding is sharded on its
 head axis), cross attention with q and k/v column-parallel (the encoder output's gradient is
 all-reduced too), MLP ``DenseReluDense.wi`` (or gated ``wi_0``/``wi_1``) / ``wo``,
-vocab-parallel ``shared`` (and its tied copies) and ``lm_head`` (logits all-gathered for HF's
-loss). Checkpointing: ``checkpoint_layer_ids`` of each stack.
+vocab-parallel ``shared`` (and its tied copies) and ``lm_head``, with the seq2seq loss computed
+on the vocab-sharded logits (:class:`slapo.op.lm_loss.VocabParallelLMLoss`; knob
+``vocab_parallel_loss=False`` all-gathers them for HF's loss). Checkpointing:
+``checkpoint_layer_ids`` of each stack.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def schedule_t5(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                                 ("shared", "encoder.embed_tokens", "decoder.embed_tokens")
                                 if C.join(p, n) in sch])
         if "lm_head" in sch:
-            C.shard_lm_head(sch, "lm_head", mode, gather_logits=True)
+            C.shard_lm_head(sch, "lm_head", mode, cfg, loss="seq2seq")
     for blocks in stacks:
         C.checkpoint_layers(sch, blocks, cfg.ckpt_ratio)
     C.cut_pipeline(sch, cfg, [s for s in stacks if s], "t5", example_inputs)

@@ -57,6 +57,8 @@ TP2_CASES = [(f, dict(ckpt_ratio=r)) for f in FAMILIES for r in (0.0, 1.0)] + [
     ("llama", dict(sequence_parallel=True, fuse=False)),
     ("llama", dict(fuse=False)),
     ("t5", dict(fuse=False)),
+    ("t5", dict(vocab_parallel_loss=False)),
+    ("bert", dict(vocab_parallel_loss=False)),
     ("bert", dict(fuse_bias_gelu="eager")),
     ("bert", dict(fuse_bias_dropout_ln="eager", ckpt_ratio=0.5)),
 ]
