@@ -65,8 +65,10 @@ def _run_on_two_ranks(example):
         raise AssertionError(f"{example.path}:{example.line}: the 2-rank example did not finish "
                              f"within {RANKS_TIMEOUT_S} s; output:\n{out[-6000:]}") from None
     if proc.returncode != 0:
+        # the ranks' own tracebacks (torchrun prefixes them with [rankN]), else the output's end
+        ranks = "\n".join(line for line in out.splitlines() if line.startswith("[rank"))
         raise AssertionError(f"{example.path}:{example.line}: the 2-rank example exited "
-                             f"{proc.returncode}; output:\n{out[-6000:]}")
+                             f"{proc.returncode}; output:\n{ranks[-8000:] or out[-6000:]}")
     print(out)
 
 
