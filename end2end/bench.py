@@ -23,8 +23,10 @@
    ``--tp``: TP x FSDP); with ``--pp`` also the stage cuts;
    ``--knob NAME=VALUE`` adds recipe knobs, :mod:`end2end.knobs`), and
    :func:`end2end.runtimes.make_runner` wraps it in the mode's runtime;
-4. ``warmup`` steps run untimed, then ``steps`` timed steps (:class:`~end2end.measure.StepTimer`:
-   device sync + barrier around the window, the slowest rank's time);
+4. ``warmup`` steps run untimed (compilations, e.g. of ``torch.compile`` fusions, happen there:
+   the JSON twin's ``extra.build_seconds`` and ``extra.warmup_times`` report them apart), then
+   ``steps`` timed steps (:class:`~end2end.measure.StepTimer`: device sync + barrier around the
+   window, the slowest rank's time);
 5. rank 0 appends one row: samples/s (global batch x steps / time), step time, peak memory per
    rank (:class:`~end2end.measure.PeakMemory`: CUDA max allocated, or on CPU the resident-set
    high-water mark over a post-import baseline), parameters stored per rank, model TFLOP/s per
@@ -287,8 +289,10 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
                                     seconds=args.gemm_seconds / 5, warmup=1 if i else 3)
                  for i in range(5)]  # the best of 5 windows: a shared host only slows down
         peak = all_reduce_float(max(rates), "avg")
+    built = time.perf_counter()
     runner = _make_runner(spec, layout, torch_dtype if spec.dtype != "fp32" else None,
                           env.device)
+    extra["build_seconds"] = round(time.perf_counter() - built, 3)
     replica = (env.rank // layout["tp"]) % layout["dp"]  # TP fastest, then DP (then PP)
     gen = torch.Generator().manual_seed(1000 + replica)
     batch = make_inputs(get_model_spec(spec.model), layout["local_batch"], spec.seq_len,
@@ -297,7 +301,11 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
     params = all_reduce_float(local_parameters(runner.model), "max")
     memory.start()
     maybe_inject_fault(env.rank)
-    losses = [runner.train_step(batch) for _ in range(spec.warmup)]
+    losses, warmup_times = [], []  # warm-up: compiles (torch.compile fusions) happen here
+    for _ in range(spec.warmup):
+        began = time.perf_counter()
+        losses.append(runner.train_step(batch))
+        warmup_times.append(round(time.perf_counter() - began, 5))
     if args.mem_budget_gb is not None and spec.warmup:  # fail fast: skip the timed steps
         check_memory_budget(all_reduce_float(memory.peak_bytes(), "max"), args.mem_budget_gb,
                             "in warm-up")
@@ -316,7 +324,8 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
                  timer.step_times], memory_method=memory.method,
                  train_flops_per_sample=flops, local_batch=layout["local_batch"],
                  microbatches=layout["microbatches"], micro_batch=layout["micro_batch"],
-                 warmup=spec.warmup, threads=torch.get_num_threads())
+                 warmup=spec.warmup, warmup_times=warmup_times,
+                 threads=torch.get_num_threads())
     if not all(map(lambda x: x == x and abs(x) != float("inf"), losses)):
         raise FloatingPointError(f"non-finite loss: {losses}")
     return dict(thrpt=thrpt, per_gpu_param=params / 1e6, per_gpu_mem=mem / 1e9,
