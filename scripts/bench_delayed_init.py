@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_delayed_init.py            # GPT-Neo-1.3B-sized, ~1 min
     .venv/bin/python scripts/bench_delayed_init.py --layers 2 # quick smoke run
+    .venv/bin/python scripts/bench_delayed_init.py --partition  # pipeline cut of the meta model
 
 Per rank it reports, for a GPT-Neo-1.3B-sized model (hidden 2048, 24 layers, 16 heads, vocab
 50257 padded to 50304) built on the meta device, scheduled with the standard Megatron TP layout
@@ -16,6 +17,10 @@ and built with ``init_weights=True``:
 
 Then the per-rank parameter bytes at TP=2 vs TP=1 for BERT-large and GPT-Neo configs (meta
 models; goal <= 0.55). Results are printed as JSON lines (and as a table).
+
+``--partition`` instead traces the meta model (``trace_until("transformer")``) and cuts it into
+2 and 4 pipeline stages in one process: time (goal < 10 s), peak RSS over the RSS after building
+the meta model (goal < 0.25x the weights' bytes), and that every parameter is still on meta.
 """
 
 from __future__ import annotations
@@ -175,11 +180,74 @@ def rank_main(layers: int) -> Dict:
     return out
 
 
+def partition_main(layers: int, stages: int, seq: int = 16) -> Dict:
+    """Trace the meta GPT-Neo down to its layers and cut it into ``stages`` pipeline stages,
+    in this process; time and peak RSS (over the RSS after building the meta model), and a
+    check that every parameter is still on the meta device."""
+    import gc
+
+    import torch
+    import transformers as tf
+
+    import slapo
+    from slapo.pipeline import build_pipeline_stages
+
+    _ = tf.GPTNeoForCausalLM
+    model, _ = _build_meta("gpt_neo", layers, tp=False)
+    model.config.use_cache = False
+    params = sum(p.numel() for p in model.parameters())
+    gc.collect()
+    baseline = _rss_bytes("VmRSS")
+    reset = _reset_peak()
+    ids = torch.randint(0, 50257, (1, seq))
+    t0 = time.perf_counter()
+    sch = slapo.create_schedule(model)
+    sch.trace_until("transformer", example_inputs={"input_ids": ids, "labels": ids})
+    t1 = time.perf_counter()
+    per = layers // stages
+    for i in range(1, stages):
+        sch[f"transformer.h.{i * per - 1}"].cut_pipeline_stage()
+    parts = build_pipeline_stages(sch)
+    t2 = time.perf_counter()
+    peak = _rss_bytes("VmHWM") if reset else None
+    on_meta = all(p.is_meta for part in parts for p in part.parameters())
+    return {"stages": len(parts), "params": params, "seq": seq,
+            "full_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+            "trace_s": t1 - t0, "cut_s": t2 - t1, "total_s": t2 - t0,
+            "peak_rss_delta_bytes": None if peak is None else peak - baseline,
+            "all_params_on_meta": on_meta}
+
+
+def report_partition(layers: int) -> bool:
+    gb = 1 / 2**30
+    ok = True
+    print(f"Pipeline partition of the meta GPT-Neo ({layers} layers), one process:")
+    for stages in (2, 4):
+        r = partition_main(layers, stages)
+        print(json.dumps(r))
+        peak = r["peak_rss_delta_bytes"]
+        ok &= r["all_params_on_meta"] and r["total_s"] < 10 and peak is not None \
+            and peak < 0.25 * r["full_bytes"]
+        print(f"  {stages} stages ({r['params'] / 1e9:.2f}B params, "
+              f"{r['full_bytes'] * gb:.2f} GiB fp32): trace_until {r['trace_s']:.2f} s, cut + "
+              f"build stages {r['cut_s']:.2f} s, peak RSS +{(peak or 0) * gb:.3f} GiB "
+              f"({(peak or 0) / r['full_bytes']:.3f}x the weights), all parameters on meta: "
+              f"{r['all_params_on_meta']}")
+    print("goals (< 10 s, peak < 0.25x the weights, nothing materialised):",
+          "met" if ok else "MISSED")
+    return ok
+
+
 def main(argv: List[str] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=24, help="GPT-Neo layers (24 = 1.3B)")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--partition", action="store_true",
+                        help="only measure tracing and cutting the meta model into 2 and 4 "
+                        "pipeline stages (one process, ~1 min)")
     args = parser.parse_args(argv)
+    if args.partition:
+        return 0 if report_partition(args.layers) else 1
     from slapo.testing import run_distributed
 
     results = run_distributed(rank_main, 2, args.layers, timeout=args.timeout, threads=1)

@@ -258,6 +258,20 @@ def _stage_module(root: nn.Module, graph: fx.Graph, k: int, num: int,
         if isinstance(env[v], fx.Node) and env[v].op != "placeholder" and not env[v].users:
             g.erase_node(env[v])
     gm = fx.GraphModule(root, g, class_name=f"PipelineStage{k}")
+    _keep_non_persistent(root, gm)
     gm.meta["slapo_stage"] = {"index": k, "num_stages": num,
                               "inputs": [v.name for v in live[k]] if k else None}
     return gm
+
+
+def _keep_non_persistent(root: nn.Module, gm: fx.GraphModule) -> None:
+    """Buffers that are not in the root's ``state_dict`` (tensors created while tracing, HF's
+    non-persistent masks) stay out of the stage's: ``GraphModule`` registers every buffer it
+    copies as persistent."""
+    for n in gm.graph.nodes:
+        if n.op != "get_attr":
+            continue
+        owner, _, name = n.target.rpartition(".")
+        src = root.get_submodule(owner)
+        if name in src._non_persistent_buffers_set:
+            gm.get_submodule(owner)._non_persistent_buffers_set.add(name)

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..errors import TraceError
 from ..trace.dynamo import check_tracer, trace_dynamo
+from ..trace.stand_ins import meta_stand_ins
 from ..trace.tracer import Inputs, has_wrappers, is_builtin_leaf, trace_module
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
@@ -60,7 +61,7 @@ def capture_inputs(root: nn.Module, target: nn.Module, example_inputs: Any, path
     args, kwargs = _as_inputs(example_inputs)
     handle = target.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad():
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), meta_stand_ins(root):
             root(*args, **kwargs)
     except _Captured:
         pass

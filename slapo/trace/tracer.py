@@ -42,6 +42,8 @@ from torch.fx.proxy import Attribute
 from ..errors import TraceError
 from ..runtime.forward_wrap import copy_forward_wrappers, forward_wrappers, move_hooks
 from .guards import check_branch, check_kwargs, check_specialized, model_source_site
+from .original import keep_original
+from .stand_ins import meta_stand_ins
 
 __all__ = ["ValueTracer", "trace_module", "Inputs", "is_builtin_leaf"]
 
@@ -327,7 +329,7 @@ def trace_module(
     tracer = ValueTracer(mod, inputs, is_leaf)
     state = torch.random.get_rng_state()
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), meta_stand_ins(mod):
             graph = tracer.trace(mod)
     except TraceError as e:
         e.path = path
@@ -390,6 +392,7 @@ def _graph_module(mod: nn.Module, graph: fx.Graph) -> fx.GraphModule:
         gm.__dict__[k] = v
     gm.train(mod.training)
     gm.meta["slapo_traced_from"] = type(mod)
+    keep_original(mod, gm)
     move_hooks(mod, gm)
     copy_forward_wrappers(mod, gm)
     gm.graph.lint()

@@ -34,7 +34,9 @@ from ..errors import VerifyError
 from ..schedule import Schedule
 from ..sharding.spec import get_shard_spec
 from ..testing.compare import outputs_of
+from ..weights.delayed_init import InitFn
 from .rules import check_schedule
+from .targets import inputs_of, load_derived, materialized, reference_of
 from .tools import (
     DerivedParams,
     Difference,
@@ -75,7 +77,14 @@ def _broadcast_(t: torch.Tensor, group) -> torch.Tensor:
 
 
 def _call(model: nn.Module, inputs: Any) -> Any:
-    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+    args, kwargs = inputs
+    return model(*args, **kwargs)
+
+
+def _first_device(value: Any) -> Optional[torch.device]:
+    found = []
+    _map_tensors(value, lambda t: found.append(t.device))
+    return found[0] if found else None
 
 
 def _backward_scalar(out: Any, ref_out: Any, group) -> torch.Tensor:
@@ -114,8 +123,9 @@ class _SavedState:
 
 def verify(
     sch: Schedule,
-    example_inputs: Any,
+    example_inputs: Any = None,
     *,
+    inputs: Any = None,
     reference: Optional[nn.Module] = None,
     check_grads: bool = True,
     dtype: Optional[torch.dtype] = None,
@@ -128,16 +138,26 @@ def verify(
     localize: bool = True,
     rules: bool = True,
     load_weights: bool = True,
+    init_weights: InitFn = True,
+    init_seed: int = 0,
+    device: Any = None,
     raise_on_mismatch: bool = True,
 ) -> VerifyReport:
-    """Compare the scheduled model with the original on ``example_inputs``.
+    """Compare the scheduled model (or one scheduled sub-module) with the original.
 
     Args:
-        sch: the schedule (its root model is verified).
-        example_inputs: a dict of keyword inputs or a tuple of positional inputs.
-        reference: the original, unscheduled model; defaults to the copy kept by
-            ``create_schedule(model, keep_original=True)`` or by a ``Verify`` block. It is
-            copied, never modified.
+        sch: the schedule: the root verifies the whole model; ``sch["encoder.layer.0"]``
+            verifies that sub-module alone, against the same module of the original, on its
+            own inputs (rules are checked for that subtree only).
+        example_inputs: inputs of the *whole model*: a dict of keyword inputs or a tuple of
+            positional inputs. For a sub-module, its inputs are captured from a run of the
+            original model on them (stopped once the module is reached).
+        inputs: the verified module's own inputs, instead: ``(args, kwargs)``, a tuple of
+            positional inputs or a dict of keyword inputs (e.g. a layer's hidden states, for a
+            model too large to run whole).
+        reference: the original, unscheduled model (for a sub-module also: that module
+            alone); defaults to the copy kept by ``create_schedule(model, keep_original=True)``
+            or by a ``Verify`` block. It is copied, never modified.
         check_grads: also compare the gradient of every original parameter, including those
             the schedule renamed or re-laid (a fused ``qkv_proj``, GPT-2's ``c_attn`` ...),
             rebuilt in the original layout from the provenance records of the replacement
@@ -158,6 +178,11 @@ def verify(
             models start from identical weights even if the ranks initialised differently.
             Parameters without a same-named original (e.g. a fused q/k/v) keep their values;
             those with a provenance record have them compared with the original's instead.
+        init_weights, init_seed, device: for a model built under ``init_empty_weights()``
+            (meta tensors): the reference copy and the scheduled module are materialised as
+            ``slapo.build(sch, init_weights=..., init_seed=..., device=...)`` would (same
+            deterministic per-module values; this rank's shards only) and the scheduled
+            module's meta tensors are put back afterwards. ``device`` defaults to the inputs'.
         raise_on_mismatch: raise :class:`VerifyError` (else just return the report).
 
     The scheduled model's weights, gradients, dtypes and mode are restored afterwards.
@@ -166,6 +191,9 @@ def verify(
     group = root.group
     if rules:
         problems = check_schedule(root)
+        if sch is not root:
+            problems = [p for p in problems if p.path == sch.path
+                        or str(p.path).startswith(sch.path + ".")]
         if problems:
             report = VerifyReport(problems=problems, ok=False,
                                   rank=dist.get_rank() if dist.is_initialized() else 0)
@@ -174,31 +202,30 @@ def verify(
                                   hint="fix the listed rule violations (or rules=False to run "
                                   "the numerical check anyway)")
             return report
-    ref_src = reference if reference is not None else getattr(root, "original", None)
-    if ref_src is None:
-        raise VerifyError("no original model to compare with", call="verify", path=sch.path,
-                          hint="pass reference=<unscheduled model>, create the schedule with "
-                          "create_schedule(model, keep_original=True), or use a Verify block")
-    ref_model = copy.deepcopy(ref_src)
-    model = root.mod
-    if any(t.is_meta for t in list(model.parameters()) + list(ref_model.parameters())):
-        raise VerifyError("the model still has weights on the meta device", call="verify",
-                          path=sch.path,
-                          hint="materialise it first: model, _ = slapo.build(sch, "
-                          "init_weights=...)")
+    ref_root, ref_src = reference_of(sch, reference)
+    if device is None:
+        device = _first_device(inputs if inputs is not None else example_inputs)
+    inputs = inputs_of(sch, ref_root, example_inputs, inputs, init_weights, device, init_seed)
     distributed = _distributed(group)
     if distributed:
-        example_inputs = _map_tensors(example_inputs, lambda t: _broadcast_(t, group))
-        for t in list(ref_model.parameters()) + list(ref_model.buffers()):
-            t.data = _broadcast_(t.data, group)
-    saved = _SavedState(model)
-    try:
-        if load_weights:
-            _load_reference_weights(ref_model, model)
-        report = _run(ref_model, model, example_inputs, group, check_grads, dtype, rtol, atol,
-                      steps, lr, eval_mode, seed, localize)
-    finally:
-        saved.restore()
+        inputs = _map_tensors(inputs, lambda t: _broadcast_(t, group))
+    with materialized(sch, ref_src, init_weights, device, init_seed) as (ref_model, fresh):
+        model = sch.mod
+        if distributed:
+            for t in list(ref_model.parameters()) + list(ref_model.buffers()):
+                t.data = _broadcast_(t.data, group)
+        saved = _SavedState(model)
+        try:
+            if load_weights:
+                _load_reference_weights(ref_model, model)
+                if fresh:
+                    load_derived(ref_model, model)
+            report = _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol,
+                          steps, lr, eval_mode, seed, localize)
+        finally:
+            saved.restore()
+    if sch.path:
+        _full_paths(report, sch.path)
     report.rank = dist.get_rank() if dist.is_initialized() else 0
     ok = torch.tensor([1 if report.ok else 0])
     if distributed:
@@ -209,6 +236,20 @@ def verify(
                               call="verify", hint="see that rank's error for the details")
         raise VerifyError(str(report), call="verify", hint=_hint(report, dtype))
     return report
+
+
+def _full_paths(report: VerifyReport, prefix: str) -> None:
+    """Module and parameter names of a sub-module's report, as paths in the whole model."""
+    def full(name: str) -> str:
+        return prefix if name == "<root>" else f"{prefix}.{name}"
+
+    for attr in ("first_divergence", "first_grad_divergence", "error"):
+        value = getattr(report, attr)
+        if value is not None:
+            setattr(report, attr, (full(value[0]), value[1]))
+    for attr in ("grads", "params_after_step", "derived_values", "derived"):
+        setattr(report, attr, {full(k): v for k, v in getattr(report, attr).items()})
+    report.unmatched = [full(n) for n in report.unmatched]
 
 
 def _hint(report: VerifyReport, dtype: Optional[torch.dtype]) -> str:

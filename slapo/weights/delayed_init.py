@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import InitError
+from ..trace.original import as_original
 from .init_plan import ModuleEntry, TensorTable, Unit, dry_run, plan_units
 
 __all__ = ["init_empty_weights", "has_meta_tensors", "materialize", "module_seed", "InitFn"]
@@ -80,8 +81,15 @@ def materialize(
     init_weights: InitFn,
     device: Union[None, str, torch.device] = None,
     seed: int = 0,
+    *,
+    path: str = "",
+    init_owner: Optional[nn.Module] = None,
 ) -> nn.Module:
     """Allocate the meta tensors of a model (this rank's shards only) and initialise them.
+
+    A sub-module materialised by itself gets the values it gets inside the whole model, given
+    its ``path`` and the HF model around it (``init_owner``); for a sub-schedule both are found
+    from the schedule.
 
     Args:
         target: a ``Schedule`` (paths are taken from its position) or an ``nn.Module``.
@@ -92,6 +100,10 @@ def materialize(
         device: where meta tensors are materialised (default: the current CUDA device when
             available, else CPU). Real tensors are not moved.
         seed: base seed; module ``path`` is initialised under ``module_seed(seed, path)``.
+        path: for an ``nn.Module`` target, its path in the whole model (the seeds' prefix).
+        init_owner: with ``init_weights=True``, the HF model whose ``_init_weights`` handles
+            modules that no HF model inside ``target`` does (default: for a sub-schedule, the
+            nearest enclosing HF model; else none).
 
     Returns:
         the model, with every meta tensor replaced by a materialised one (sharded tensors keep
@@ -104,7 +116,11 @@ def materialize(
     """
     from ..schedule import Schedule  # imported here: schedule -> primitives -> ... -> init
 
-    model, prefix = (target.mod, target.path) if isinstance(target, Schedule) else (target, "")
+    if isinstance(target, Schedule):
+        model, prefix = target.mod, target.path
+        init_owner = init_owner if init_owner is not None else _enclosing_hf_model(target)
+    else:
+        model, prefix = target, path
     if not isinstance(model, nn.Module):
         raise InitError(f"expected a Schedule or nn.Module, got {type(target).__name__}",
                         call="materialize", hint="pass the schedule given to build()")
@@ -121,11 +137,11 @@ def materialize(
     table = TensorTable(model)
     for m in table.modules:
         m.path = _join(prefix, m.path)
-    raw_init = _initializer(init_weights, model)
+    raw_init = _initializer(init_weights, model, init_owner)
 
     def call_init(m: ModuleEntry) -> bool:
-        with _global_attributes(m.module):
-            return raw_init(m)
+        with _global_attributes(m.module), as_original(m.module) as module:
+            return raw_init(m, module)
 
     _check_specs(table)
     units = plan_units(table, dry_run(table, call_init))
@@ -138,13 +154,16 @@ def materialize(
 
 
 # ---------------------------------------------------------------------------- initialisers
-def _initializer(init_weights: InitFn, model: nn.Module) -> Callable[[ModuleEntry], bool]:
-    """``call(entry) -> bool``: initialise one module, or return False if it has no initialiser."""
+def _initializer(init_weights: InitFn, model: nn.Module, init_owner: Optional[nn.Module] = None,
+                 ) -> Callable[[ModuleEntry, nn.Module], bool]:
+    """``call(entry, module) -> bool``: initialise one module, or return False if it has no
+    initialiser. A traced module is presented as the original it was traced from
+    (:func:`slapo.trace.original.as_original`), since initialisers dispatch on the class."""
     if callable(init_weights):
         with_path = _takes_path(init_weights)
 
-        def call_fn(m: ModuleEntry) -> bool:
-            init_weights(m.module, m.path) if with_path else init_weights(m.module)
+        def call_fn(m: ModuleEntry, module: nn.Module) -> bool:
+            init_weights(module, m.path) if with_path else init_weights(module)
             return True
 
         return call_fn
@@ -154,12 +173,12 @@ def _initializer(init_weights: InitFn, model: nn.Module) -> Callable[[ModuleEntr
                         hint="pass init_weights=True or init_weights=fn(module)")
     hf_owner = _nearest_hf_model(model)
 
-    def call_default(m: ModuleEntry) -> bool:
-        owner = hf_owner.get(id(m.module))
+    def call_default(m: ModuleEntry, module: nn.Module) -> bool:
+        owner = hf_owner.get(id(m.module), init_owner)
         if owner is not None:
-            owner._init_weights(m.module)
+            owner._init_weights(module)
             return True
-        reset = getattr(m.module, "reset_parameters", None)
+        reset = getattr(module, "reset_parameters", None)
         if callable(reset):
             reset()
             return True
@@ -181,6 +200,16 @@ def _takes_path(fn: Callable) -> bool:
                         "argument", call="build",
                         hint="define it as fn(module) or fn(module, path)")
     return len(positional) >= 2
+
+
+def _enclosing_hf_model(sch: Any) -> Optional[nn.Module]:
+    """The nearest proper ancestor of a sub-schedule's module with ``_init_weights``."""
+    node = sch.parent
+    while node is not None:
+        if callable(getattr(node.mod, "_init_weights", None)):
+            return node.mod
+        node = node.parent
+    return None
 
 
 def _nearest_hf_model(model: nn.Module) -> Dict[int, nn.Module]:
