@@ -28,8 +28,10 @@ from .errors import (
     ShardError,
     SlapoError,
     SyncError,
+    PortingError,
     TraceError,
     VerifyError,
+    original_name,
 )
 from .history import Deferred, History, HistoryEntry
 from .primitives.registry import Primitive, list_primitives, register_primitive
@@ -58,4 +60,32 @@ __all__ = [
     "SlapoError", "PathError", "PrimitiveError", "RegistryError", "ReplaceError",
     "CheckpointError", "AnnotateError", "ShardError", "SyncError", "TraceError", "PatternError",
     "PipelineError", "BuildError", "InitError", "CheckpointIOError", "VerifyError", "ConfigError",
+    "PortingError",
 ]
+
+# Names of the original Slapo that are spelled differently here (docs/porting.md); each access
+# raises PortingError (an AttributeError) whose hint names ours.
+_ORIGINAL_NAMES = {
+    "random": "the RNG helpers are top-level: slapo.set_random_seed(seed, tp_rank=...) "
+              "(for model_parallel_cuda_manual_seed), slapo.get_rng_tracker() (for "
+              "get_cuda_rng_tracker)",
+    "get_cuda_rng_tracker": "slapo.get_rng_tracker() (named CPU and CUDA RNG streams)",
+    "model_parallel_cuda_manual_seed": "slapo.set_random_seed(seed, tp_rank=...)",
+    "get_logger": "logging.getLogger('slapo') (errors are exceptions; per-rank tensor logs: "
+                  "slapo.op.TensorLog)",
+    "env": "slapo.testing.run_distributed(fn, world_size) spawns ranks (gloo on CPU); "
+           "torchrun for real runs",
+    "Pattern": "sch.find(pattern) takes any nn.Module (or function) as the pattern",
+    "ModulePattern": "slapo.call_module('regex', x) inside a pattern function",
+    "pattern": "slapo.call_module (patterns are plain functions or modules)",
+    "framework_dialect": "slapo.dialects (slapo.build(sch, target=...))",
+    "initialization": "slapo.init_empty_weights and slapo.build(sch, init_weights=...)",
+    "ScheduleMetadata": "sch.metadata (a dict keyed by primitive name)",
+    "Space": "slapo.autotune.Space",
+    "Symbol": "slapo.autotune.Symbol",
+    "Database": "slapo.autotune.study (an Optuna study on SQLite holds the evaluations)",
+}
+
+
+def __getattr__(name: str):
+    raise original_name("slapo", name, _ORIGINAL_NAMES)

@@ -11,7 +11,7 @@ wrong*, and *how to fix it*. ``assert`` is reserved for internal invariants of s
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 from torch import nn
 
@@ -35,6 +35,8 @@ __all__ = [
     "ConfigError",
     "OpError",
     "TuneError",
+    "PortingError",
+    "original_name",
     "describe_module",
 ]
 
@@ -174,3 +176,19 @@ class OpError(SlapoError, ValueError):
 
 class TuneError(SlapoError, ValueError):
     """An auto-tuning search space, objective or study is invalid (``slapo.autotune``)."""
+
+
+class PortingError(SlapoError, AttributeError):
+    """A name of the original Slapo that is spelled differently here (``slapo.random``,
+    ``slapo.op.FusedMLP``, ``sch.find_node`` ...); the hint names ours. An ``AttributeError``,
+    so ``hasattr`` and ``getattr(..., default)`` keep working. See ``docs/porting.md``."""
+
+
+def original_name(owner: str, name: str, table: Dict[str, str]) -> AttributeError:
+    """The error for attribute ``name`` missing from ``owner`` (a module or class name): a
+    :class:`PortingError` with ``table[name]`` as the hint when the original Slapo had that
+    name, else a plain ``AttributeError``. For module and class ``__getattr__`` hooks."""
+    if name in table:
+        return PortingError(f"'{owner}.{name}' is the original Slapo's name; it is spelled "
+                            "differently here", call=f"{owner}.{name}", hint=table[name])
+    return AttributeError(f"'{owner}' has no attribute '{name}'")

@@ -18,9 +18,9 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
 import torch.distributed as dist
 from torch import nn
 
-from .errors import PathError, RegistryError, SlapoError, describe_module
+from .errors import PathError, RegistryError, SlapoError, describe_module, original_name
 from .history import History
-from .primitives.registry import Primitive, copy_metadata, on_register
+from .primitives.registry import Primitive, check_original_kwargs, copy_metadata, on_register
 
 __all__ = ["Schedule", "create_schedule"]
 
@@ -227,6 +227,7 @@ class Schedule:
 
     # ------------------------------------------------------------------ primitives
     def _call_primitive(self, cls: Type[Primitive], args: tuple, kwargs: dict) -> Any:
+        check_original_kwargs(cls, self, kwargs)
         root = self.root
         top_level = root._depth == 0 and cls.record
         entry = root.history.prepare(self.path, cls.name, args, kwargs) if top_level else None
@@ -245,6 +246,20 @@ class Schedule:
 
     def __repr__(self) -> str:
         return f"Schedule(path={self.path!r}, mod={describe_module(self.mod)})"
+
+    def __getattr__(self, name: str) -> Any:  # only for names normal lookup did not find
+        raise original_name("Schedule", name, _ORIGINAL_METHODS)
+
+
+# Schedule methods of the original Slapo that are spelled differently here (docs/porting.md).
+_ORIGINAL_METHODS = {
+    "find_node": "sch.find('regex') (or sch.find(where=lambda node: ...)) returns a list of "
+                 "Subgraph objects; pass them to replace/fuse/checkpoint as they are",
+    "find_subgraph": "sch.find(pattern) takes the pattern function or nn.Module itself and "
+                     "returns a list of Subgraph objects",
+    "get_module": "sch[path].mod (paths are names from model.named_modules())",
+    "get_top_schedule": "sch.root",
+}
 
 
 # Instance attributes of Schedule (set in __init__), which a primitive must not shadow.

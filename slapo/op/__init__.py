@@ -11,6 +11,7 @@ Builders from HF modules record the parameter provenance ``slapo.verify`` uses
 (:mod:`slapo.provenance`).
 """
 
+from ..errors import original_name
 from .attention import (
     BACKENDS,
     AttentionOp,
@@ -60,3 +61,26 @@ __all__ = [
     "fuse_conv_bn", "fuse_conv_bn_split", "fold_conv_bn", "ChannelBias",
     "TensorLog", "insert_log", "tensor_summary",
 ]
+
+# Ops of the original Slapo that are spelled differently here (docs/porting.md).
+_ORIGINAL_NAMES = {
+    "FlashAttention": "slapo.op.attention_from_hf(hf_attention_module) builds the replacement "
+                      "of an HF attention (slapo.op.SelfAttention for a new model)",
+    "FlashAttentionOp": "slapo.op.AttentionOp (backends 'auto', 'flash', 'efficient', 'math' "
+                        "through torch's scaled_dot_product_attention)",
+    "FusedMLP": "slapo.op.mlp_from_hf(hf_mlp_module) (slapo.op.MLP for a new model)",
+    "FusedQKV": "slapo.op.fuse_qkv (and slapo.op.split_qkv)",
+    "LinearWithSeparateBias": "sch[path].decompose() swaps a Linear for one",
+    "LinearWithSyncFunc": "slapo.op.linear.LinearWithSync (sync('fwd_post', 'all_reduce') on a "
+                          "row-parallel Linear with a bias puts it in place)",
+    "LinearWithAct": "slapo.op.LinearBiasGeLU",
+    "LinearWithDropout": "slapo.op.bias_dropout_residual after sch[path].decompose()",
+    "ParallelCrossEntropy": "slapo.op.cross_entropy.VocabParallelCrossEntropy",
+    "vocab_parallel_cross_entropy": "slapo.op.cross_entropy.vocab_parallel_cross_entropy",
+    "Print": "slapo.op.TensorLog (an identity that logs shape, dtype and statistics per rank; "
+             "slapo.op.insert_log puts one into a traced graph)",
+}
+
+
+def __getattr__(name: str):
+    raise original_name("slapo.op", name, _ORIGINAL_NAMES)

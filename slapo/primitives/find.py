@@ -8,8 +8,8 @@ import torch.fx as fx
 
 from ..errors import PatternError
 from ..trace.dynamo import is_dynamo_graph
-from ..trace.pattern import (PatternLike, SubgraphList, find_nodes, find_subgraphs, graph_modules,
-                       validate_pattern)
+from ..trace.pattern import (PatternLike, SubgraphList, explain_no_match, find_nodes,
+                             find_subgraphs, graph_modules, validate_pattern)
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
 
@@ -69,6 +69,11 @@ class Find(Primitive):
             else:
                 hits = find_subgraphs(path, gm, pattern)
                 found.extend(h for h in hits if where is None or where(h.output))
+        why = None if found or allow_empty or pattern is None or isinstance(pattern, str) \
+            else explain_no_match(graphs, pattern)
+        if why is not None:
+            raise PatternError(f"no match: {why[0]}", path=sch.path, call=call, module=sch.mod,
+                               hint=why[1])
         if not found and not allow_empty:
             names = sorted({n.target for _, gm in graphs for n in gm.graph.nodes
                             if n.op == "call_module"})

@@ -40,9 +40,12 @@ class Fuse(Primitive):
         """
         call = format_call("fuse", subgraph, compiler=compiler)
         if compiler not in COMPILERS:
+            hint = f"choose one of {', '.join(map(repr, COMPILERS))}"
+            if str(compiler).lower() == "torchscript":
+                hint = ("compiler='inductor' (torch.compile generates the fused kernel; "
+                        "TorchScript is deprecated), or 'aot_eager', or None for no compiler")
             raise PrimitiveError(f"unknown compiler {compiler!r}", path=sch.path, call=call,
-                                 module=sch.mod,
-                                 hint=f"choose one of {', '.join(map(repr, COMPILERS))}")
+                                 module=sch.mod, hint=hint)
         items = as_subgraphs(sch, subgraph, call)
         if len(items) != 1:
             raise PrimitiveError(f"fuse takes one subgraph, got {len(items)}", path=sch.path,

@@ -26,9 +26,10 @@ import functools
 import inspect
 from typing import Any, Callable, ClassVar, Dict, List, Type, TypeVar, Union
 
-from ..errors import RegistryError
+from ..errors import PrimitiveError, RegistryError
 
-__all__ = ["Primitive", "register_primitive", "list_primitives", "get_primitive"]
+__all__ = ["Primitive", "register_primitive", "list_primitives", "get_primitive",
+           "check_original_kwargs"]
 
 _REGISTRY: Dict[str, Type["Primitive"]] = {}
 _BINDERS: List[Callable[[Type["Primitive"]], None]] = []
@@ -41,10 +42,13 @@ class Primitive:
 
     Subclasses set ``name`` and implement ``apply(sch, *args, **kwargs)``. ``record`` says whether
     a call is recorded in the schedule history (queries such as ``find`` are not).
+    ``original_kwargs`` maps keyword arguments of the original Slapo's primitive that this one
+    spells differently (or does not need) to the hint naming ours (``docs/porting.md``).
     """
 
     name: ClassVar[str] = ""
     record: ClassVar[bool] = True
+    original_kwargs: ClassVar[Dict[str, str]] = {}
 
     @staticmethod
     def apply(sch, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - interface
@@ -104,6 +108,18 @@ def get_primitive(name: str) -> Type[Primitive]:
             f"no primitive named '{name}'",
             hint=f"registered primitives: {', '.join(sorted(_REGISTRY))}",
         ) from None
+
+
+def check_original_kwargs(cls: Type[Primitive], sch: Any, kwargs: Dict[str, Any]) -> None:
+    """Raise PrimitiveError for a keyword of the original Slapo's primitive (see
+    ``Primitive.original_kwargs``), before Python's bare ``TypeError`` would."""
+    for key in kwargs:
+        if key in cls.original_kwargs:
+            raise PrimitiveError(
+                f"{key}= is an argument of the original Slapo's {cls.name}(), spelled "
+                "differently here", path=getattr(sch, "path", None),
+                call=f"{cls.name}({key}=...)", module=getattr(sch, "mod", None),
+                hint=cls.original_kwargs[key])
 
 
 def on_register(binder: Callable[[Type[Primitive]], None]) -> None:

@@ -17,6 +17,10 @@ __all__ = ["Replace"]
 @register_primitive
 class Replace(Primitive):
     name = "replace"
+    original_kwargs = {
+        "target_ops": "replace(new, subgraph): pass what find() returned as the second "
+                      "argument",
+    }
 
     @staticmethod
     def apply(

@@ -215,9 +215,14 @@ def replace_subgraph(sch, new: Union[nn.Module, Callable], subgraph: Any,
     for s in items:
         hooked = _hooked(gm, s)
         if hooked and (len(items) > 1 or len(s.nodes) > 1):
-            raise ReplaceError(f"module(s) {', '.join(hooked)} inside the subgraph have hooks",
-                               path=sch.path, call=call, module=sch.mod,
-                               hint="remove the hooks, or replace those modules one by one")
+            raise ReplaceError(
+                f"module(s) {', '.join(hooked)} inside the subgraph have hooks (e.g. from sync); "
+                "the subgraph becomes one call, so no hook would see that module's own input, "
+                "output or gradient any more (the original moved the first module's pre-hook "
+                "and the last one's hook and refused the rest; we refuse rather than guess)",
+                path=sch.path, call=call, module=sch.mod,
+                hint="replace the subgraph before adding the hooks (then sync the new module), "
+                "or move the hooks to the enclosing module, or replace those modules one by one")
     if len(items) > 1:
         inner = {n for s in items for n in s.nodes}
         if _ancestors([a for a in args if isinstance(a, fx.Node)]) & inner:

@@ -159,6 +159,14 @@ def _trace_node(sch, inputs: Inputs, leaves: LeafSpec, flatten: bool, recursive:
 @register_primitive
 class Trace(Primitive):
     name = "trace"
+    original_kwargs = {
+        "concrete_args": "example_inputs= (inputs of the whole model, kept for later traces) or "
+                         "inputs=(args, kwargs) of this module; literal arguments are taken "
+                         "from them, fixed and guarded",
+        "leaf_modules": "leaves=[...] (module classes, class names or module paths)",
+        "config": "drop it: it configured the HF tracer; the default tracer follows HF modules "
+                  "without it",
+    }
 
     @staticmethod
     def apply(
@@ -213,6 +221,7 @@ class Trace(Primitive):
 @register_primitive
 class TraceUntil(Primitive):
     name = "trace_until"
+    original_kwargs = Trace.original_kwargs
 
     @staticmethod
     def apply(

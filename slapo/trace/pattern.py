@@ -76,6 +76,13 @@ class Subgraph:
     def __len__(self) -> int:
         return len(self.nodes)
 
+    def __iter__(self):
+        raise PatternError(
+            "a find() result is a list of Subgraph objects, not the original Slapo's "
+            "(parent name, node) pairs", call="iter(Subgraph)",
+            hint="use sg.owner (path of the traced module), sg.output and sg.nodes (fx nodes); "
+            "pass the Subgraph itself to replace/fuse/checkpoint")
+
     def __repr__(self) -> str:
         ops = ", ".join(str(n.target) if n.op == "call_module" else n.name for n in self.nodes)
         return f"Subgraph(owner={self.owner!r}, nodes=[{ops}])"
@@ -163,8 +170,10 @@ def _trace_pattern(pattern: Union[Callable, nn.Module]) -> Tuple[fx.GraphModule,
 
 
 class _Matcher:
-    def __init__(self, pattern_gm: fx.GraphModule, owner: nn.Module):
+    def __init__(self, pattern_gm: fx.GraphModule, owner: nn.Module,
+                 one_value_per_input: bool = True):
         self.pgm, self.owner = pattern_gm, owner
+        self.one_value_per_input = one_value_per_input
 
     def node_matches(self, p: fx.Node, g: fx.Node) -> bool:
         if g.op not in ("call_function", "call_method", "call_module"):
@@ -179,6 +188,8 @@ class _Matcher:
     def match(self, p: Any, g: Any, bind: Dict[fx.Node, Any]) -> bool:
         if isinstance(p, fx.Node) and p.op == "placeholder":
             if p in bind:
+                if not self.one_value_per_input:
+                    return True
                 return bind[p] is g if isinstance(g, fx.Node) else bind[p] == g
             bind[p] = g
             return True
@@ -210,11 +221,16 @@ class _Matcher:
 
 
 def find_subgraphs(owner_path: str, owner: fx.GraphModule,
-                   pattern: Union[Callable, nn.Module]) -> List[Subgraph]:
-    """Non-overlapping matches of ``pattern`` in ``owner``'s graph, in graph order."""
+                   pattern: Union[Callable, nn.Module], *, one_value_per_input: bool = True,
+                   private: bool = True) -> List[Subgraph]:
+    """Non-overlapping matches of ``pattern`` in ``owner``'s graph, in graph order.
+
+    ``one_value_per_input=False`` lets a pattern input bind different values at its uses, and
+    ``private=False`` accepts matches whose intermediate values are used outside them: both
+    only to explain a miss (:func:`explain_no_match`), never to replace."""
     pgm, p_out = _trace_pattern(pattern)
     placeholders = [n for n in pgm.graph.nodes if n.op == "placeholder"]
-    matcher = _Matcher(pgm, owner)
+    matcher = _Matcher(pgm, owner, one_value_per_input)
     order = {n: i for i, n in enumerate(owner.graph.nodes)}
     taken: set = set()
     found: List[Subgraph] = []
@@ -226,12 +242,45 @@ def find_subgraphs(owner_path: str, owner: fx.GraphModule,
         inner = set(nodes)
         if inner & taken:
             continue
-        if any(u not in inner for n in nodes if n is not g for u in n.users):
+        if private and any(u not in inner for n in nodes if n is not g for u in n.users):
             continue  # an intermediate value is used elsewhere: cannot be replaced
         taken |= inner
         inputs = [bind[ph] for ph in placeholders if ph in bind]
         found.append(Subgraph(owner_path, nodes, inputs, g))
     return found
+
+
+def explain_no_match(graphs: List[Tuple[str, fx.GraphModule]],
+                     pattern: Union[Callable, nn.Module]) -> Optional[Tuple[str, str]]:
+    """``(why, what to do)`` when ``pattern`` matched nothing in ``graphs`` because of a rule in
+    which this matcher deliberately differs from the original Slapo's, else ``None``."""
+    pgm, _ = _trace_pattern(pattern)
+    names = [n.target for _, gm in graphs for n in gm.graph.nodes if n.op == "call_module"]
+    for pn in pgm.graph.nodes:
+        if pn.op == "call_function" and pn.target is call_module:
+            regex = pn.args[0]
+            prefixed = [t for t in names if re.match(regex, t)]
+            if prefixed and not any(re.fullmatch(regex, t) for t in names):
+                return (f"call_module({regex!r}) must match a whole module name (re.fullmatch; "
+                        "the original matched a prefix, which here would match "
+                        f"{', '.join(map(repr, prefixed[:3]))})",
+                        f"write call_module({regex + '.*'!r}, ...) to match names that start "
+                        "that way")
+    if any(find_subgraphs(path, gm, pattern, one_value_per_input=False) for path, gm in graphs):
+        reused = [n.name for n in pgm.graph.nodes if n.op == "placeholder" and sum(
+            a is n for u in n.users for a in (*u.args, *u.kwargs.values())) > 1]
+        return (f"each pattern input binds one value, and input {', '.join(reused) or '?'} "
+                "would need different values at its uses here (the original matched "
+                "operations in order without checking which values feed them)",
+                "give each use its own pattern input (lambda x, y: ... instead of lambda x: "
+                "...) if different values are meant")
+    if any(find_subgraphs(path, gm, pattern, private=False) for path, gm in graphs):
+        return ("the operations match, but an intermediate value of the match is also used "
+                "outside it, so replacing the match would drop that use (the original "
+                "replaced it anyway)",
+                "extend the pattern to the other use of that value, or replace the operations "
+                "one at a time")
+    return None
 
 
 def node_subgraph(owner_path: str, node: fx.Node) -> Subgraph:
