@@ -27,7 +27,11 @@ class LinearWithSync(nn.Module):
         bias: ``[out]`` or ``None`` (reused as well).
         sync_fn: applied to the bias-free product (e.g. an all-reduce); identity if ``None``.
         transposed: the weight is stored ``[in, out]``.
+
+    A tracing leaf (``_slapo_leaf``): its ``sync_fn`` is a collective on real tensors.
     """
+
+    _slapo_leaf = True
 
     def __init__(self, weight: nn.Parameter, bias: Optional[nn.Parameter],
                  sync_fn: Optional[Callable[[torch.Tensor], torch.Tensor]] = None, *,

@@ -103,10 +103,13 @@ def _user_leaf(mod: nn.Module, path: str, rel: str, leaves: LeafSpec) -> bool:
 
 
 def _real_leaf(mod: nn.Module, path: str, rel: str, leaves: LeafSpec) -> bool:
-    """Modules never traced through: PyTorch layers, user leaves, slapo-wrapped modules."""
+    """Modules never traced through: PyTorch layers, user leaves, slapo-wrapped modules, and
+    modules whose class says so (``_slapo_leaf``, e.g. ``LinearWithSync``, which runs a
+    collective)."""
     if getattr(mod, "_slapo_inline", False) and not has_wrappers(mod):
         return False
-    return (is_builtin_leaf(mod) or has_wrappers(mod) or _user_leaf(mod, path, rel, leaves))
+    return (is_builtin_leaf(mod) or has_wrappers(mod) or getattr(mod, "_slapo_leaf", False)
+            or _user_leaf(mod, path, rel, leaves))
 
 
 def _has_hooks(mod: nn.Module) -> bool:

@@ -36,6 +36,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import TraceError
 from ..runtime.forward_wrap import forward_wrappers
+from .original import keep_original
 
 __all__ = ["export_module", "trace_dynamo", "check_tracer", "is_dynamo_graph", "from_module",
            "TracedMode", "TRACER", "TRACERS"]
@@ -139,6 +140,7 @@ def export_module(mod: nn.Module, inputs: Any, *, path: str = "") -> fx.GraphMod
     if any(_mode_dependent(n) for n in gm.graph.nodes):
         gm.register_forward_pre_hook(TracedMode(mod.training, path))
     gm.meta[_META_KEY] = TRACER
+    keep_original(mod, gm)  # initialisers that dispatch on the class still find it
     return gm
 
 

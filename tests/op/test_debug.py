@@ -63,12 +63,12 @@ def _logged_training():
     model = copy.deepcopy(ref)
     x = torch.randn(2, 4, 8)
     sch = slapo.create_schedule(model)
-    mlp = sch["mlp"]
-    mlp.trace(example_inputs=(x,))
     sch["mlp.fc1"].shard(["weight", "bias"], axis=0)
     sch["mlp.fc2"].shard("weight", axis=1)
-    sch["mlp.fc2"].sync("fwd_post", "all_reduce")
+    sch["mlp.fc2"].sync("fwd_post", "all_reduce")  # fc2 becomes a LinearWithSync: a leaf
     sch["mlp"].sync("bwd_post", "all_reduce")
+    mlp = sch["mlp"]
+    mlp.trace(example_inputs=(x,))
     # into the traced graph, after fc1 (its gradient too) ...
     insert_log(mlp, mlp.find("fc1")[0], grad=True)
     # ... by subgraph replace: gelu -> gelu + log ...
