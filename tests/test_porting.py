@@ -237,3 +237,9 @@ def test_deliberate_differences_say_why(spelling):
         CASES[spelling]()
     why = str(info.value).split("Hint: ", 1)[0]
     assert "the original" in why, why
+
+
+def test_call_module_works_through_the_package_attribute():
+    sch = _traced()
+    found = sch.find(lambda x: F.gelu(slapo.call_module("fc.", x)))
+    assert [n.target for n in found[0].nodes] == ["fc1", "act"]

@@ -36,7 +36,12 @@ PatternLike = Union[str, Callable, nn.Module]
 
 
 def call_module(name_regex: str, *args: Any) -> Any:
-    """In a pattern function: stands for a call of any module whose name matches the regex."""
+    """In a pattern function: stands for a call of any module whose name matches the regex
+    (the whole name: ``re.fullmatch``). Works however it is referenced (``call_module``,
+    ``slapo.call_module``): called on a traced pattern input it records itself."""
+    for a in args:
+        if isinstance(a, fx.Proxy):
+            return a.tracer.create_proxy("call_function", call_module, (name_regex, *args), {})
     raise PatternError("slapo.trace.pattern.call_module only has a meaning inside a find() pattern",
                        hint="use it in a pattern function passed to find()")
 
