@@ -93,6 +93,14 @@ def _sync_bad_op():
     _mlp()["fc1"].sync("fwd_post", "broadcast")
 
 
+def _sync_reshard_string():
+    _mlp()["act"].sync("fwd_post", "RS->SR")
+
+
+def _trace_original_kwarg():
+    _mlp().trace(leaf_modules=["Linear"])
+
+
 def _fork_rng_unseeded():
     slapo.get_rng_tracker().reset()
     sch = _mlp()
@@ -137,6 +145,8 @@ CASES = [
     ("shard", "invalid fused count", _shard_bad_fused),
     ("sync", "unknown mode", _sync_bad_mode),
     ("sync", "unknown op", _sync_bad_op),
+    ("sync", "the original's resharding string", _sync_reshard_string),
+    ("trace", "an argument of the original's trace", _trace_original_kwarg),
     ("fork_rng", "run without set_random_seed(tp_rank=...)", _fork_rng_unseeded),
     ("verify", "no original model to compare with", _verify_no_reference),
     ("build", "unknown target", _build_unknown_target),
@@ -169,6 +179,12 @@ def _tp_gather_partial():
     sch["fc2"].sync("fwd_post", "all_gather", axis=-1)
 
 
+def _tp_all_to_all_partial():
+    sch = _mlp()
+    sch["fc2"].shard("weight", axis=1)
+    sch["fc2"].sync("fwd_post", "all_to_all", axis=-2)
+
+
 def _tp_bwd_on_row():
     sch = _mlp()
     sch["fc2"].shard("weight", axis=1)
@@ -195,6 +211,7 @@ TP_CASES = [
     ("sync", "all_reduce on a partitioned output", _tp_all_reduce_partitioned),
     ("sync", "all_gather on a partial-sum output", _tp_gather_partial),
     ("sync", "bwd_post all_reduce on a row-parallel module", _tp_bwd_on_row),
+    ("sync", "all_to_all on a partial-sum output", _tp_all_to_all_partial),
     ("shard", "fused q/k/v projection without fused=3", _tp_fused_qkv_without_fused),
     ("verify", "row-parallel output never reduced (rule check)", _tp_verify_missing_reduction),
 ]
