@@ -138,6 +138,14 @@ CASES = {
     "sch.checkpoint(order_args_fn=fn)": lambda: _mlp()["fc1"].checkpoint(order_args_fn=None),
     'sch.shard("weight", axis=0)': lambda: _mlp()["fc1"].shard("weight", axis=0),
     'sch.sync("bwd_post", "all_reduce")': lambda: _mlp()["fc1"].sync("bwd_post", "all_reduce"),
+    "sch.replace_all(nn.GELU, make_fn)": lambda: _mlp().replace_all(nn.GELU,
+                                                                    lambda path, old: nn.ReLU()),
+    "sch.checkpoint()": lambda: _mlp()["fc1"].checkpoint(),
+    "sch.decompose()": lambda: _mlp()["fc1"].decompose(),
+    "sch.fork_rng()": lambda: _mlp()["drop"].fork_rng(),
+    'sch.annotate("weight", "key", value)': lambda: _mlp()["fc1"].annotate("weight", "key", 1),
+    "sch.trace_until(paths)": lambda: _mlp().trace_until("", example_inputs=torch.randn(2, 16)),
+    "sch.cut_pipeline_stage()": lambda: _cut(),
     **{f'sch.sync("fwd_post", "{spec}")': (lambda spec=spec: _mlp()["act"].sync("fwd_post", spec))
        for spec in ("RS->RR", "SR->RR", "RR->RS", "RR->SR", "RS->SR", "SR->RS")},
     # ops and pipeline helpers
@@ -178,6 +186,12 @@ CASES = {
         lambda: _traced_module(_SharedIntermediate(), torch.randn(3)).find(
             lambda x: F.gelu(F.relu(x))),
 }
+
+
+def _cut():
+    sch = _mlp()
+    sch.trace_until("", example_inputs=torch.randn(2, 16))
+    sch["act"].cut_pipeline_stage()
 
 
 def _fuse(compiler):

@@ -88,6 +88,9 @@ def test_find_fuse_and_replace_on_a_dynamo_graph():
     (linear,) = block.find(where=from_module("fc2"))
     assert linear.output.target is torch.ops.aten.linear.default
     block.replace(lambda x, w, b: F.linear(x, w, b), linear)
+    # recompute the element-wise scaling in backward
+    (scaled,) = block.find(lambda x: x * 2.0)
+    block.checkpoint(scaled)
     assert not any(n.target is torch.ops.aten.linear.default and n in linear.nodes
                    for n in sch["block"].mod.graph.nodes)
     assert_same_training(ref, model, _x())
