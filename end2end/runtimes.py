@@ -226,7 +226,8 @@ def make_runner(
             ``fp16``/``bf16`` config section (mixed precision, fp32 master weights in ZeRO);
             the other modes train the model cast to ``dtype`` (pure low precision).
         tensor_parallel: TP size of the ``*megatron`` modes (default: the world size; the rest
-            of the ranks are data parallel), and of pipelines.
+            of the ranks are data parallel), of pipelines, and of ``slapo-fsdp`` (default 1:
+            FSDP2 alone; T > 1: TP over blocks of T consecutive ranks x FSDP over the rest).
         pipeline_parallel: number of pipeline stages (``slapo``/``slapo-deepspeed``; the
             schedule must cut that many stages, see the module docstring).
 
@@ -242,7 +243,8 @@ def make_runner(
                           call="make_runner", hint="pipelines run in modes 'slapo' and "
                           "'slapo-deepspeed'; see end2end.pipeline_plan")
     env = init_distributed()
-    tp = tensor_parallel or (env.world_size // pipeline_parallel)
+    # default TP: the world (over the pipeline stages); slapo-fsdp is data parallel (FSDP2)
+    tp = tensor_parallel or (1 if mode == "slapo-fsdp" else env.world_size // pipeline_parallel)
     if mode == "megatron":
         from slapo.dialects.megatron import MegatronRuntime
 
