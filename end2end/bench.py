@@ -127,6 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="peak memory per rank allowed (GB); above it the run is an oom row, "
                    "like a CUDA OOM (CPU: the OOM is this budget; CUDA: the allocator is also "
                    "capped at it). Default: no budget")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="after the timed steps, profile one more step on every rank and write "
+                   "DIR/<run>.rank<R>.json/.txt (self time per op; compare runs with python -m "
+                   "end2end.profiling)")
     p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
                    help="CPU: leave glibc's malloc thresholds alone (default: "
                    "slapo.keep_freed_memory(), the same for every mode)")
@@ -315,6 +319,14 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
         losses.append(runner.train_step(batch))
         timer.lap()
     elapsed = timer.stop()
+    if args.profile:
+        import functools
+
+        from .profiling import profile_step
+
+        step = functools.partial(runner.train_step, batch)
+        extra["profile"] = str(profile_step(step, args.profile, spec.label, env.rank,
+                                            env.device.type == "cuda"))
     mem = all_reduce_float(memory.peak_bytes(), "max")
     check_memory_budget(mem, args.mem_budget_gb, "in warm-up and timed steps")
     del runner, batch

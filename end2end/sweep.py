@@ -246,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=number(int, minimum=1), default=1,
                    help="interleaved rounds: every run once, then every run again ...; each row "
                    "records its round (column Repeat), resume continues within a round")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="each run profiles one extra step after its timed ones (end2end.bench "
+                   "--profile DIR; compare with python -m end2end.profiling)")
     p.add_argument("--wait", action="store_true",
                    help="if another sweep uses the results file, wait for it instead of "
                         "refusing")
@@ -289,6 +292,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         bad = run_sweep(args.config, args.results, args.max_devices, args.device,
                         args.retry_failed, args.timeout, args.dry_run, args.error_stop,
+                        extra=["--profile", args.profile] if args.profile else (),
                         wait=args.wait, repeat=args.repeat)
         return 1 if bad else 0
 
