@@ -267,6 +267,7 @@ def _install(sch, mode: str, op: str, axis: Optional[int], tpog: bool,
 def _sync_before_bias(sch, sync_op: SyncOp, call: str) -> None:
     """Row-parallel Linear/Conv1D with a bias: reduce the bias-free product, then add the bias."""
     from ..op.linear import LinearWithSync
+    from ..trace.original import keep_original
 
     mod = sch.mod
     if isinstance(mod, LinearWithSync):
@@ -279,6 +280,7 @@ def _sync_before_bias(sch, sync_op: SyncOp, call: str) -> None:
                         hint="shard only bias-free modules on their input axis, or replace the "
                         "module by one that adds its bias after a reduction")
     new = LinearWithSync.from_module(mod, sync_op)
+    keep_original(mod, new)  # delayed init initialises it as the Linear it stands for
     sch.replace(new, check_signature=False)
     copy_forward_wrappers(mod, new)
 

@@ -32,8 +32,10 @@ from ..sharding.spec import get_shard_spec
 from ..trace.stand_ins import has_meta
 from ..trace.tracer import Inputs
 from ..weights.delayed_init import InitFn, materialize
+from .tools import Difference, VerifyReport, compare
 
-__all__ = ["reference_of", "inputs_of", "materialized", "load_derived", "as_inputs"]
+__all__ = ["reference_of", "inputs_of", "materialized", "load_derived", "as_inputs", "map_tensors",
+           "grad_leaves", "compare_input_grads", "full_paths"]
 
 
 def as_inputs(value: Any) -> Inputs:
@@ -169,3 +171,51 @@ def _tensor_slots(model: nn.Module) -> List[Tuple[Dict[str, Any], str, Any]]:
     """Every (table, name, tensor) of the model's parameters and buffers, to put back."""
     return [(table, name, t) for mod in model.modules()
             for table in (mod._parameters, mod._buffers) for name, t in table.items()]
+
+
+# ---------------------------------------------------------------- inputs, gradients, names
+def map_tensors(value: Any, fn) -> Any:
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    return value
+
+
+def grad_leaves(inputs: Any) -> Any:
+    """The inputs with every floating-point tensor a fresh leaf that requires grad."""
+    return map_tensors(inputs, lambda t: t.detach().clone().requires_grad_(True)
+                        if t.is_floating_point() else t)
+
+
+def compare_input_grads(report: VerifyReport, ref_inputs: Any, inputs: Any, rtol: float,
+                         atol: float) -> None:
+    """A sub-module's input gradients (what its schedule sends back to the layers before it,
+    e.g. through a backward all-reduce) must match too; keyed ``<input args[i]>`` /
+    ``<input 'name'>``."""
+    (ref_args, ref_kwargs), (args, kwargs) = ref_inputs, inputs
+    pairs = [(f"<input args[{i}]>", a, b) for i, (a, b) in enumerate(zip(ref_args, args))]
+    pairs += [(f"<input {k!r}>", ref_kwargs[k], kwargs.get(k)) for k in ref_kwargs]
+    for name, ref_t, t in pairs:
+        if isinstance(ref_t, torch.Tensor) and ref_t.grad is not None:
+            got = t.grad if isinstance(t, torch.Tensor) else None
+            report.grads[name] = (compare(got, ref_t.grad, rtol, atol) if got is not None else
+                                  Difference(float("inf"), float("inf"), False, "no grad"))
+
+
+def full_paths(report: VerifyReport, prefix: str) -> None:
+    """Module and parameter names of a sub-module's report, as paths in the whole model."""
+    def full(name: str) -> str:
+        if name.startswith("<input"):
+            return name
+        return prefix if name == "<root>" else f"{prefix}.{name}"
+
+    for attr in ("first_divergence", "first_grad_divergence", "error"):
+        value = getattr(report, attr)
+        if value is not None:
+            setattr(report, attr, (full(value[0]), value[1]))
+    for attr in ("grads", "params_after_step", "derived_values", "derived"):
+        setattr(report, attr, {full(k): v for k, v in getattr(report, attr).items()})
+    report.unmatched = [full(n) for n in report.unmatched]

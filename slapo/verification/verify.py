@@ -36,7 +36,16 @@ from ..sharding.spec import get_shard_spec
 from ..testing.compare import outputs_of
 from ..weights.delayed_init import InitFn
 from .rules import check_schedule
-from .targets import inputs_of, load_derived, materialized, reference_of
+from .targets import (
+    compare_input_grads,
+    full_paths,
+    grad_leaves,
+    inputs_of,
+    load_derived,
+    map_tensors,
+    materialized,
+    reference_of,
+)
 from .tools import (
     DerivedParams,
     Difference,
@@ -60,16 +69,6 @@ def _distributed(group) -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1
 
 
-def _map_tensors(value: Any, fn) -> Any:
-    if isinstance(value, torch.Tensor):
-        return fn(value)
-    if isinstance(value, dict):
-        return {k: _map_tensors(v, fn) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_tensors(v, fn) for v in value)
-    return value
-
-
 def _broadcast_(t: torch.Tensor, group) -> torch.Tensor:
     t = t.detach().clone().contiguous()
     dist.broadcast(t, _src_rank(group), group=group)
@@ -83,7 +82,7 @@ def _call(model: nn.Module, inputs: Any) -> Any:
 
 def _first_device(value: Any) -> Optional[torch.device]:
     found = []
-    _map_tensors(value, lambda t: found.append(t.device))
+    map_tensors(value, lambda t: found.append(t.device))
     return found[0] if found else None
 
 
@@ -208,7 +207,7 @@ def verify(
     inputs = inputs_of(sch, ref_root, example_inputs, inputs, init_weights, device, init_seed)
     distributed = _distributed(group)
     if distributed:
-        inputs = _map_tensors(inputs, lambda t: _broadcast_(t, group))
+        inputs = map_tensors(inputs, lambda t: _broadcast_(t, group))
     with materialized(sch, ref_src, init_weights, device, init_seed) as (ref_model, fresh):
         model = sch.mod
         if distributed:
@@ -221,11 +220,11 @@ def verify(
                 if fresh:
                     load_derived(ref_model, model)
             report = _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol,
-                          steps, lr, eval_mode, seed, localize)
+                          steps, lr, eval_mode, seed, localize, input_grads=sch.parent is not None)
         finally:
             saved.restore()
     if sch.path:
-        _full_paths(report, sch.path)
+        full_paths(report, sch.path)
     report.rank = dist.get_rank() if dist.is_initialized() else 0
     ok = torch.tensor([1 if report.ok else 0])
     if distributed:
@@ -236,20 +235,6 @@ def verify(
                               call="verify", hint="see that rank's error for the details")
         raise VerifyError(str(report), call="verify", hint=_hint(report, dtype))
     return report
-
-
-def _full_paths(report: VerifyReport, prefix: str) -> None:
-    """Module and parameter names of a sub-module's report, as paths in the whole model."""
-    def full(name: str) -> str:
-        return prefix if name == "<root>" else f"{prefix}.{name}"
-
-    for attr in ("first_divergence", "first_grad_divergence", "error"):
-        value = getattr(report, attr)
-        if value is not None:
-            setattr(report, attr, (full(value[0]), value[1]))
-    for attr in ("grads", "params_after_step", "derived_values", "derived"):
-        setattr(report, attr, {full(k): v for k, v in getattr(report, attr).items()})
-    report.unmatched = [full(n) for n in report.unmatched]
 
 
 def _hint(report: VerifyReport, dtype: Optional[torch.dtype]) -> str:
@@ -264,11 +249,11 @@ def _hint(report: VerifyReport, dtype: Optional[torch.dtype]) -> str:
 
 
 def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps, lr, eval_mode,
-         seed, localize) -> VerifyReport:
+         seed, localize, input_grads=False) -> VerifyReport:
     if dtype is not None:
         ref_model.to(dtype)
         model.to(dtype)
-        inputs = _map_tensors(inputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
+        inputs = map_tensors(inputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
     run_dtype = dtype or next(ref_model.parameters()).dtype
     d_rtol, d_atol = default_tolerances(run_dtype)
     rtol = d_rtol if rtol is None else rtol
@@ -289,10 +274,12 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
         for m in (ref_model, model):
             m.zero_grad(set_to_none=True)
         torch.manual_seed(seed + step)
-        ref_out = _call(ref_model, inputs)
+        ref_inputs, sch_inputs = (grad_leaves(inputs), grad_leaves(inputs)) \
+            if input_grads and step == 0 else (inputs, inputs)
+        ref_out = _call(ref_model, ref_inputs)
         torch.manual_seed(seed + step)
         try:
-            out = _call(model, inputs)
+            out = _call(model, sch_inputs)
         except Exception as e:  # noqa: BLE001 - reported with the module that raised
             where = recorders[1].active[-1] if recorders and recorders[1].active else "<root>"
             report.error = (where, f"{type(e).__name__}: {e}".splitlines()[0][:300])
@@ -316,6 +303,8 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
             report.first_grad_divergence = first_difference(
                 recorders[0].grad_records, recorders[1].grad_records, group, rtol, atol)
         if check_grads and step == 0:
+            if input_grads:
+                compare_input_grads(report, ref_inputs, sch_inputs, rtol, atol)
             rebuilt = derived.rebuild(group, grad=True)
             for name, p in ref_params.items():
                 q = sch_params.get(name)

@@ -140,7 +140,7 @@ def materialize(
     raw_init = _initializer(init_weights, model, init_owner)
 
     def call_init(m: ModuleEntry) -> bool:
-        with _global_attributes(m.module), as_original(m.module) as module:
+        with as_original(m.module) as module, _global_attributes(module):
             return raw_init(m, module)
 
     _check_specs(table)

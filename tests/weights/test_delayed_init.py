@@ -247,3 +247,35 @@ def test_two_ranks_with_shard_primitive():
     for res in run_distributed(_rank_checks, 2, timeout=120):
         assert res["tie"] and res["mismatch"] == [] and res["sharded"] >= 9
         assert res["local"] < 0.6 * res["full"]
+
+
+@pytest.mark.parametrize("family", ["bert", "t5"])
+def test_traced_and_fused_modules_get_the_values_of_the_modules_they_stand_for(family):
+    """Tracing makes a HF model a GraphModule, and a row-parallel sync makes a Linear a
+    LinearWithSync: initialisers dispatch on the class, so both are initialised as the module
+    they stand for, and the model gets the unscheduled model's values."""
+    import copy
+
+    import transformers as tf
+
+    from slapo.testing import example_inputs, tiny_config
+    from slapo.testing.models import _MODEL_CLASS
+
+    with slapo.init_empty_weights():
+        model = getattr(tf, _MODEL_CLASS[family])(tiny_config(family, use_cache=False))
+    ref = copy.deepcopy(model)
+    sch = slapo.create_schedule(model)
+    sch.trace_until("bert.encoder" if family == "bert" else ["encoder", "decoder"],
+                    example_inputs=example_inputs(family))
+    dense = "bert.encoder.layer.0.output.dense" if family == "bert" else \
+        "encoder.block.0.layer.1.DenseReluDense.wo"
+    sch[dense].shard("weight", axis=1)
+    sch[dense].sync("fwd_post", "all_reduce")
+    assert isinstance(sch.mod, torch.fx.GraphModule)
+    if family == "bert":  # T5's Linears have no bias: no LinearWithSync needed
+        assert type(sch[dense].mod).__name__ == "LinearWithSync"
+    built, _ = slapo.build(sch, init_weights=True, device="cpu", init_seed=4)
+    materialize(ref, True, device="cpu", seed=4)
+    got = dict(built.named_parameters())
+    for name, p in ref.named_parameters():
+        torch.testing.assert_close(got[name], p, rtol=0, atol=0, msg=name)
