@@ -31,7 +31,9 @@ from .errors import (
     PortingError,
     TraceError,
     VerifyError,
+    PortingImportError,
     original_name,
+    register_original_names,
 )
 from .history import Deferred, History, HistoryEntry
 from .primitives.registry import Primitive, list_primitives, register_primitive
@@ -60,7 +62,7 @@ __all__ = [
     "SlapoError", "PathError", "PrimitiveError", "RegistryError", "ReplaceError",
     "CheckpointError", "AnnotateError", "ShardError", "SyncError", "TraceError", "PatternError",
     "PipelineError", "BuildError", "InitError", "CheckpointIOError", "VerifyError", "ConfigError",
-    "PortingError",
+    "PortingError", "PortingImportError",
 ]
 
 # Names of the original Slapo that are spelled differently here (docs/porting.md); each access
@@ -85,6 +87,9 @@ _ORIGINAL_NAMES = {
     "Symbol": "slapo.autotune.Symbol",
     "Database": "slapo.autotune.study (an Optuna study on SQLite holds the evaluations)",
 }
+
+
+register_original_names("slapo", _ORIGINAL_NAMES)
 
 
 def __getattr__(name: str):

@@ -11,6 +11,8 @@ wrong*, and *how to fix it*. ``assert`` is reserved for internal invariants of s
 
 from __future__ import annotations
 
+import importlib.abc
+import sys
 from typing import Dict, Optional
 
 from torch import nn
@@ -36,7 +38,9 @@ __all__ = [
     "OpError",
     "TuneError",
     "PortingError",
+    "PortingImportError",
     "original_name",
+    "register_original_names",
     "describe_module",
 ]
 
@@ -192,3 +196,36 @@ def original_name(owner: str, name: str, table: Dict[str, str]) -> AttributeErro
         return PortingError(f"'{owner}.{name}' is the original Slapo's name; it is spelled "
                             "differently here", call=f"{owner}.{name}", hint=table[name])
     return AttributeError(f"'{owner}' has no attribute '{name}'")
+
+
+class PortingImportError(SlapoError, ImportError):
+    """``import slapo.random`` / ``from slapo import get_cuda_rng_tracker``: an import of a name
+    of the original Slapo that is spelled differently here; the hint names ours."""
+
+
+class _OriginalNames(importlib.abc.MetaPathFinder):
+    """Last on ``sys.meta_path``: asked only for modules no other finder knows, it raises
+    :class:`PortingImportError` for the original's names, so the import statement shows the
+    hint (``from pkg import name`` tries ``pkg.name`` as a module after the attribute)."""
+
+    def __init__(self) -> None:
+        self.names: Dict[str, str] = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        hint = self.names.get(fullname)
+        if hint is not None:
+            raise PortingImportError(f"'{fullname}' is the original Slapo's name; it is spelled "
+                                     "differently here", call=f"import {fullname}", hint=hint)
+        return None
+
+
+_FINDER = _OriginalNames()
+
+
+def register_original_names(owner: str, table: Dict[str, str]) -> None:
+    """Make ``import owner.name`` and ``from owner import name`` raise
+    :class:`PortingImportError` with ``table[name]`` as the hint (pair with a module
+    ``__getattr__`` raising :func:`original_name`)."""
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.append(_FINDER)
+    _FINDER.names.update({f"{owner}.{name}": hint for name, hint in table.items()})

@@ -100,6 +100,11 @@ CASES = {
     "slapo.random": lambda: slapo.random,
     "slapo.random.model_parallel_cuda_manual_seed(seed, tp_rank)":
         lambda: slapo.random.model_parallel_cuda_manual_seed(2013, 0),
+    "from slapo.random import model_parallel_cuda_manual_seed":
+        lambda: exec("from slapo.random import model_parallel_cuda_manual_seed", {}),
+    "from slapo import get_cuda_rng_tracker":
+        lambda: exec("from slapo import get_cuda_rng_tracker", {}),
+    "from slapo.op import FusedMLP": lambda: exec("from slapo.op import FusedMLP", {}),
     "slapo.get_logger(name)": lambda: slapo.get_logger("x"),
     "slapo.env.setup(rank, world_size)": lambda: slapo.env.setup(0, 1),
     "slapo.initialization": lambda: slapo.initialization,
@@ -233,9 +238,15 @@ def test_original_spelling_works_or_names_the_replacement(spelling, hint):
     assert hint in message.split("Hint: ", 1)[1], f"{spelling}: hint lacks {hint!r}: {message}"
 
 
-def test_module_names_are_attribute_errors():
+def test_module_names_are_attribute_and_import_errors():
     assert not hasattr(slapo, "random") and not hasattr(slapo.op, "FusedMLP")
     assert getattr(slapo.pipeline, "analyze_tie_weights", None) is None
+    with pytest.raises(ImportError, match="Hint: slapo.get_rng_tracker()"):
+        exec("from slapo import get_cuda_rng_tracker", {})
+    with pytest.raises(ImportError, match="Hint: the RNG helpers are top-level"):
+        exec("import slapo.random", {})
+    with pytest.raises(ImportError, match="cannot import name 'nope'"):  # plain otherwise
+        exec("from slapo import nope", {})
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         slapo.nope  # noqa: B018 - a name the original never had: a plain AttributeError
 

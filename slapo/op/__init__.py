@@ -11,7 +11,7 @@ Builders from HF modules record the parameter provenance ``slapo.verify`` uses
 (:mod:`slapo.provenance`).
 """
 
-from ..errors import original_name
+from ..errors import original_name, register_original_names
 from .attention import (
     BACKENDS,
     AttentionOp,
@@ -80,6 +80,9 @@ _ORIGINAL_NAMES = {
     "Print": "slapo.op.TensorLog (an identity that logs shape, dtype and statistics per rank; "
              "slapo.op.insert_log puts one into a traced graph)",
 }
+
+
+register_original_names("slapo.op", _ORIGINAL_NAMES)
 
 
 def __getattr__(name: str):

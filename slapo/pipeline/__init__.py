@@ -6,7 +6,7 @@
 - :mod:`~slapo.pipeline.memory`: a rank keeps only its own stage.
 """
 
-from ..errors import original_name
+from ..errors import original_name, register_original_names
 from .runner import PipelineRunner, tied_parameters
 from .stages import build_pipeline_stages
 
@@ -20,6 +20,9 @@ _ORIGINAL_NAMES = {
     "analyze_tie_weights": "slapo.pipeline.tied_parameters(stages) lists the parameters that "
                            "several stages share",
 }
+
+
+register_original_names("slapo.pipeline", _ORIGINAL_NAMES)
 
 
 def __getattr__(name: str):
