@@ -158,6 +158,16 @@ CASES = {
         "FlashAttention", "FlashAttentionOp", "FusedMLP", "FusedQKV", "LinearWithSeparateBias",
         "LinearWithSyncFunc", "LinearWithAct", "LinearWithDropout", "ParallelCrossEntropy",
         "vocab_parallel_cross_entropy", "Print")},
+    "slapo.op.bias_new_gelu(x, bias)": lambda: slapo.op.bias_new_gelu,
+    "slapo.op.new_gelu(x)": lambda: slapo.op.new_gelu,
+    "slapo.op.bias_dropout(x, bias, p)": lambda: slapo.op.bias_dropout,
+    **{f"slapo.sharding.{name}": (lambda name=name: getattr(slapo.sharding, name.split("(")[0]))
+       for name in ("all_gather_forward_output(x, dim, group)",
+                    "reduce_scatter_forward_output(x, dim, group)",
+                    "scatter_forward_output(x, dim, group)", "reduce_forward_output(x, group)",
+                    "reduce_backward_grad(x, group)", 'parse_reshard("RS->SR", group)',
+                    "register_shard_method(cls)")},
+    "slapo.utils.report": lambda: slapo.utils.report,
     "slapo.pipeline.generate_pipeline_partition(sch)":
         lambda: slapo.pipeline.generate_pipeline_partition(_mlp()),
     "slapo.pipeline.analyze_tie_weights(model)":

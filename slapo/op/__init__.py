@@ -77,6 +77,9 @@ _ORIGINAL_NAMES = {
     "LinearWithDropout": "slapo.op.bias_dropout_residual after sch[path].decompose()",
     "ParallelCrossEntropy": "slapo.op.cross_entropy.VocabParallelCrossEntropy",
     "vocab_parallel_cross_entropy": "slapo.op.cross_entropy.vocab_parallel_cross_entropy",
+    "bias_new_gelu": "slapo.op.bias_gelu(x, bias, approximate='tanh')",
+    "new_gelu": "torch.nn.functional.gelu(x, approximate='tanh')",
+    "bias_dropout": "slapo.op.bias_dropout_residual(x, bias, None, p, training)",
     "Print": "slapo.op.TensorLog (an identity that logs shape, dtype and statistics per rank; "
              "slapo.op.insert_log puts one into a traced graph)",
 }
