@@ -35,24 +35,30 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
 from .results import ResultRow, read_results
-from .summary import (COLOR, GROUPS, LABEL, PAIRS, PEER_GROUPS, SYSTEMS, Cell, Panel,
-                      PlotError, figure7_table, Table, figure_systems, format_speedups,
-                      panel_systems, panel_title, speedups)
+from .summary import (COLOR, GROUPS, PEER_GROUPS, SYSTEMS, Cell, Panel, PlotError, Table,
+                      base_system, baselines_of, figure7_table, figure_systems,
+                      format_speedups, label_of, panel_systems, panel_title, speedups)
 
 __all__ = ["SYSTEMS", "Cell", "Panel", "PlotError", "figure7_table", "figure_systems",
            "speedups", "format_speedups", "make_figure", "plot_results", "main"]
 
 
-
 def _pair_base(cells, impl: str) -> Optional[Cell]:
-    """The baseline a Slapo bar's speedup is over: its first pair (``PAIRS``) with a bar here."""
-    return next((cells[base] for num, base in PAIRS if num == impl and base in cells), None)
+    """The baseline a Slapo bar's speedup is over: its first pair (``PAIRS``) with a bar here
+    (a run with knobs, ``slapo [k=v]``, is compared like its mode)."""
+    return next((cells[base] for base in baselines_of(impl) if base in cells), None)
+
+
+def _color(system: str) -> str:
+    return COLOR.get(base_system(system), "#777777")
 
 
 def _bar(ax, pos: float, width: float, impl: str, cell: Cell, ref: Optional[Cell]) -> None:
     """A bar at the median, a min-max whisker when repeated, and a Slapo bar's speedup over its
     baseline (``~`` when the two ranges overlap: within noise)."""
-    ax.bar(pos, cell.thrpt, width, color=COLOR.get(impl, "#777777"))
+    knobs = impl != base_system(impl)  # a knob variant: its mode's colour, hatched
+    ax.bar(pos, cell.thrpt, width, color=_color(impl), hatch="//" if knobs else None,
+           edgecolor="white" if knobs else None)
     top = cell.thrpt
     if len(cell.samples) > 1:
         ax.errorbar(pos, cell.thrpt, yerr=[[cell.thrpt - cell.samples.lo],
@@ -92,7 +98,7 @@ def make_figure(table: Table, x_label: str = "# GPUs", title: str = "", groups=G
                     _bar(ax, pos, width, impl, cell, _pair_base(cells, impl))
                 elif cell is not None:  # ran, no throughput
                     ax.plot(pos, 0.04 * peak, marker="x", markersize=9, markeredgewidth=2.5,
-                            color=COLOR.get(impl, "#777777"), linestyle="none")
+                            color=_color(impl), linestyle="none")
                 else:  # no row: unsupported / not run
                     ax.plot(pos, 0.04 * peak, marker="x", markersize=5, markeredgewidth=1,
                             color="#aaaaaa", linestyle="none")
@@ -107,8 +113,9 @@ def make_figure(table: Table, x_label: str = "# GPUs", title: str = "", groups=G
         ax.set_visible(False)
     from matplotlib.lines import Line2D
 
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLOR.get(i, "#777777")) for i in systems]
-    labels = [LABEL.get(i, i) for i in systems]
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=_color(i), edgecolor="white",
+                             hatch="//" if i != base_system(i) else None) for i in systems]
+    labels = [label_of(i) for i in systems]
     handles += [Line2D([], [], marker="x", color="#333333", linestyle="none", markersize=8,
                        markeredgewidth=2.5),
                 Line2D([], [], marker="x", color="#aaaaaa", linestyle="none", markersize=5)]

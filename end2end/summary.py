@@ -23,8 +23,9 @@ from .results import ResultRow
 from .stats import Ratio, Samples
 
 __all__ = ["SYSTEMS", "GROUPS", "PEER_GROUPS", "PAIRS", "BASELINES", "LABEL", "COLOR",
-           "PlotError", "Panel", "Cell", "Speedup", "figure7_table", "figure_systems",
-           "panel_systems", "panel_title", "speedups", "format_speedups"]
+           "PlotError", "Panel", "Cell", "Speedup", "system_of", "base_system", "label_of",
+           "baselines_of", "figure7_table", "figure_systems", "panel_systems", "panel_title",
+           "speedups", "format_speedups"]
 
 # (impl, legend label, colour)
 SYSTEMS: Tuple[Tuple[str, str, str], ...] = (
@@ -91,14 +92,14 @@ def figure7_table(rows: Iterable[ResultRow], best: bool = False) -> Table:
     unless ``best``."""
     groups: Dict[Tuple[Panel, int, str], Dict[Tuple[int, str], List[ResultRow]]] = {}
     for row in rows:
-        key = (Panel(row.model, row.seq, row.dec_seq), row.ngpu, row.impl)
+        key = (Panel(row.model, row.seq, row.dec_seq), row.ngpu, system_of(row))
         groups.setdefault(key, defaultdict(list))[(row.batch, str(row.ckpt))].append(row)
     table: Table = {}
     for (panel, n, impl), by_setting in groups.items():
         settings = tuple(sorted(by_setting))
         if len(settings) > 1 and not best:
             shown = " and ".join(f"batch {b} ckpt {c}" for b, c in settings)
-            raise PlotError(f"{LABEL.get(impl, impl)} {panel.model} seq {panel.seq} n={n} has "
+            raise PlotError(f"{label_of(impl)} {panel.model} seq {panel.seq} n={n} has "
                             f"rows at {shown}: one bar cannot show both",
                             hint="plot one setting (--models, or separate results files), or "
                                  "pass --best to take each system's best setting as the "
@@ -137,8 +138,9 @@ def figure_systems(table: Table, groups: Sequence[Sequence[str]] = GROUPS) -> Li
     anywhere, then systems outside the groups; each keeps its slot and legend entry."""
     present = {impl for per_n in table.values() for cells in per_n.values() for impl in cells}
     keep = _with_groups(present, groups)
-    known = [impl for impl, _, _ in SYSTEMS if impl in keep]
-    return known + sorted(keep - set(known))
+    order = {impl: i for i, (impl, _, _) in enumerate(SYSTEMS)}
+    # known systems in SYSTEMS order, each followed by its knob variants; then the unknown ones
+    return sorted(keep, key=lambda s: (order.get(base_system(s), len(order)), s))
 
 
 def panel_systems(cells: Dict[str, Cell], systems: List[str],
@@ -179,6 +181,28 @@ def model_label(name: str) -> str:
         return name
 
 
+def system_of(row: ResultRow) -> str:
+    """The bar a row belongs to: its mode, or ``"mode [knobs]"`` for a run with recipe knobs
+    (``#@ knobs=``), which is a system of its own."""
+    return f"{row.impl} [{row.knobs}]" if row.knobs else row.impl
+
+
+def base_system(system: str) -> str:
+    """``"slapo [fuse=False]"`` -> ``"slapo"``."""
+    return system.split(" [", 1)[0]
+
+
+def label_of(system: str) -> str:
+    """Legend label: ``Slapo``, ``Slapo [fuse_bias_gelu=True]``."""
+    base = base_system(system)
+    return LABEL.get(base, base) + system[len(base):]
+
+
+def baselines_of(system: str) -> List[str]:
+    """The baselines a Slapo system (with or without knobs) is compared with (``PAIRS``)."""
+    return [den for num, den in PAIRS if num == base_system(system)]
+
+
 class Speedup(NamedTuple):
     """``system / baseline`` at one (panel, n): ``ratio`` of the medians, with its range."""
 
@@ -196,9 +220,11 @@ def speedups(table: Table) -> List[Speedup]:
     for panel, per_n in table.items():
         for n in sorted(per_n):
             ok = {impl: c for impl, c in per_n[n].items() if c.thrpt}
-            for num, den in PAIRS:
-                if num in ok and den in ok:
-                    out.append(Speedup(panel, n, num, den, ok[num].samples.ratio(ok[den].samples)))
+            for num in ok:
+                for den in baselines_of(num):
+                    if den in ok:
+                        out.append(Speedup(panel, n, num, den,
+                                           ok[num].samples.ratio(ok[den].samples)))
             slapo = [c for impl, c in ok.items() if impl.startswith("slapo")]
             base = [ok[impl] for impl in BASELINES if impl in ok]
             if slapo and base:
@@ -215,8 +241,8 @@ def format_speedups(items: Sequence[Speedup], table: Optional[Table] = None) -> 
     lines = []
     for panel, n, num, den, ratio in items:
         seq = f"seq {panel.seq}" + (f"/{panel.dec_seq}" if panel.dec_seq else "")
-        line = (f"{model_label(panel.model)} {seq} n={n}: {LABEL.get(num, num)} / "
-                f"{LABEL.get(den, den)} = {ratio}")
+        line = (f"{model_label(panel.model)} {seq} n={n}: {label_of(num)} / "
+                f"{label_of(den)} = {ratio}")
         cells = table[panel][n] if table else {}
         if num in cells and den in cells and cells[num].batch != cells[den].batch:
             line += f" (batch {cells[num].batch} vs {cells[den].batch})"

@@ -177,3 +177,29 @@ def test_figure_draws_whiskers_and_tilde_labels(tmp_path):
     assert len(whiskers) == 4  # one min-max line per repeated bar
     tops = sorted(max(seg[:, 1]) for c in whiskers for seg in c.get_segments())
     assert tops == pytest.approx([1.1, 1.2, 1.3, 2.2])
+
+
+def test_runs_with_knobs_are_systems_of_their_own_compared_with_the_mode_baseline(tmp_path,
+                                                                                    capsys):
+    from end2end.config import make_run_spec
+
+    path = tmp_path / "r.tsv"
+    for repeat in range(2):
+        for mode, knobs, thr in (("eager", "", 2.0), ("slapo", "", 2.1),
+                                 ("slapo", "fuse_bias_gelu=True", 2.6 + repeat / 10)):
+            spec = make_run_spec(mode, "cpu/bert", 1, 256, 0, 4, "0", knobs=knobs,
+                                 repeat=repeat)
+            append_result(path, ResultRow.from_spec(spec, "ok", thrpt=thr + repeat / 100,
+                                                    device="cpu"), {"device": "cpu"})
+    table = figure7_table(read_results(path).rows)
+    cells = table[Panel("cpu/bert", 256, 0)][1]
+    assert sorted(cells) == ["eager", "slapo", "slapo [fuse_bias_gelu=True]"]
+    assert cells["slapo [fuse_bias_gelu=True]"].thrpt == pytest.approx(2.655)
+    fig = make_figure(table)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend[:3] == ["Eager", "Slapo", "Slapo [fuse_bias_gelu=True]"]
+    (ax,) = [ax for ax in fig.axes if ax.get_visible()]
+    assert sorted(t.get_text() for t in ax.texts) == ["1.05x", "1.32x"]
+    assert main([str(path), "-o", str(tmp_path / "fig")]) == 0
+    assert "Slapo [fuse_bias_gelu=True] / Eager = 1.32x (1.30-1.35, 2 repeats)" in \
+        capsys.readouterr().out
