@@ -37,7 +37,8 @@ from typing import List, Optional, Sequence, Union
 from .results import ResultRow, read_results
 from .summary import (COLOR, GROUPS, PEER_GROUPS, SYSTEMS, Cell, Panel, PlotError, Table,
                       base_system, baselines_of, figure7_table, figure_systems,
-                      format_speedups, label_of, panel_systems, panel_title, speedups)
+                      format_markdown, format_speedups, label_of, panel_systems, panel_title,
+                      speedups)
 
 __all__ = ["SYSTEMS", "Cell", "Panel", "PlotError", "figure7_table", "figure_systems",
            "speedups", "format_speedups", "make_figure", "plot_results", "main"]
@@ -194,6 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peers", action="store_true",
                    help="the PyTorch peers figure: only FSDP2 / Slapo-FSDP2 / DTensor-TP / "
                         "Slapo-TP rows (configs/*_peers.cfg)")
+    p.add_argument("--table", action="store_true",
+                   help="also print a Markdown table: samples/s median (min-max) per system, "
+                        "and the speedups with their ranges (as in end2end/README.md)")
     p.add_argument("--debug", action="store_true", help="full traceback of an error")
     return p
 
@@ -209,6 +213,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                            args.title, args.best, args.peers)
         print(format_speedups(items, table)
               or "no comparable pairs (need two systems with throughput)")
+        if args.table:
+            print("\n" + format_markdown(table, items, PEER_GROUPS if args.peers else GROUPS))
         print("wrote " + ", ".join(map(str, files)))
         return 0
 

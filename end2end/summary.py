@@ -25,7 +25,7 @@ from .stats import Ratio, Samples
 __all__ = ["SYSTEMS", "GROUPS", "PEER_GROUPS", "PAIRS", "BASELINES", "LABEL", "COLOR",
            "PlotError", "Panel", "Cell", "Speedup", "system_of", "base_system", "label_of",
            "baselines_of", "figure7_table", "figure_systems", "panel_systems", "panel_title",
-           "speedups", "format_speedups"]
+           "speedups", "format_speedups", "format_markdown"]
 
 # (impl, legend label, colour)
 SYSTEMS: Tuple[Tuple[str, str, str], ...] = (
@@ -248,3 +248,41 @@ def format_speedups(items: Sequence[Speedup], table: Optional[Table] = None) -> 
             line += f" (batch {cells[num].batch} vs {cells[den].batch})"
         lines.append(line)
     return "\n".join(lines)
+
+
+def format_markdown(table: Table, items: Sequence[Speedup],
+                    groups: Sequence[Sequence[str]] = GROUPS) -> str:
+    """A Markdown table for the READMEs: one row per (workload, GPU count); samples/s per
+    system as ``median (min-max)`` over the repeats (or the failure status, ``–`` not run), then
+    one column per speedup pair: ``median ratio (range)``, ``~`` when within noise."""
+    systems = figure_systems(table, groups)
+    pairs = list(dict.fromkeys((s.system, s.baseline) for s in items
+                               if s.system != "best-slapo"))
+    ratio = {(s.panel, s.n, s.system, s.baseline): s.ratio for s in items}
+    head = ["Model (seq, batch), n"] + [label_of(s) for s in systems] + \
+        [f"{label_of(a)} / {label_of(b)}" for a, b in pairs]
+    lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for panel, per_n in table.items():
+        for n in sorted(per_n):
+            cells = per_n[n]
+            seq = f"{panel.seq}" + (f"/{panel.dec_seq}" if panel.dec_seq else "")
+            batch = _batches(cells.values()).replace("bs ", "")
+            row = [f"`{panel.model}` ({seq}, {batch}), {n}"]
+            for system in systems:
+                cell = cells.get(system)
+                row.append("–" if cell is None else _cell_text(cell))
+            for a, b in pairs:
+                r = ratio.get((panel, n, a, b))
+                row.append("–" if r is None else
+                           (f"{r.value:.2f}x" + (f" ({r.lo:.2f}-{r.hi:.2f})" if r.repeats > 1
+                                                 else "") + (" ~" if r.within_noise else "")))
+            lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def _cell_text(cell: Cell) -> str:
+    if cell.thrpt is None:
+        return cell.status
+    if len(cell.samples) < 2:
+        return f"{cell.thrpt:.3g}"
+    return f"{cell.thrpt:.3g} ({cell.samples.lo:.3g}-{cell.samples.hi:.3g})"

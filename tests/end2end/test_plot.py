@@ -203,3 +203,17 @@ def test_runs_with_knobs_are_systems_of_their_own_compared_with_the_mode_baselin
     assert main([str(path), "-o", str(tmp_path / "fig")]) == 0
     assert "Slapo [fuse_bias_gelu=True] / Eager = 1.32x (1.30-1.35, 2 repeats)" in \
         capsys.readouterr().out
+
+
+def test_markdown_table_has_medians_ranges_and_ratios(tmp_path, capsys):
+    path = tmp_path / "r.tsv"
+    _repeated(path, ["megatron cpu/bert 2 128 0 4 0", "slapo-megatron cpu/bert 2 128 0 4 0",
+                     "deepspeed cpu/bert 2 128 0 4 0"],
+              {"megatron": [1.0, 1.2, 1.1], "slapo-megatron": [1.5, 1.4, 1.6],
+               "deepspeed": [None, None, None]})
+    assert main([str(path), "-o", str(tmp_path / "fig"), "--table"]) == 0
+    out = capsys.readouterr().out
+    assert "| Model (seq, batch), n | Megatron-LM | Slapo-TP | DeepSpeed | Slapo-ZeRO3 | " \
+           "Slapo-TP / Megatron-LM |" in out
+    assert "| `cpu/bert` (128, 4), 2 | 1.1 (1-1.2) | 1.5 (1.4-1.6) | fail | – | " \
+           "1.36x (1.17-1.50) |" in out
