@@ -77,8 +77,14 @@ def _dynamic_shapes(mod: nn.Module, args: tuple, kwargs: dict) -> Any:
 
 
 def _mode_dependent(node: fx.Node) -> bool:
+    """Dropout with p > 0 or batch norm: computed differently in train and eval mode."""
     name = str(getattr(node.target, "__name__", node.target))
-    return node.op == "call_function" and ("dropout" in name or "batch_norm" in name)
+    if node.op != "call_function":
+        return False
+    if "dropout" in name:
+        p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
+        return not (isinstance(p, (int, float)) and p == 0)
+    return "batch_norm" in name
 
 
 class TracedMode:

@@ -66,6 +66,8 @@ def test_dynamo_graph_trains_like_the_module():
     assert model.block.fc1.weight is gm.get_parameter("fc1.weight")
     for inputs in (_x(), _x(3, 5)):  # other batch and sequence sizes too
         assert_same_training(ref, model, inputs)
+    # slapo.verify checks it (in eval mode: dropout with p=0 does not depend on the mode)
+    assert slapo.verify(sch, _x(), reference=copy.deepcopy(ref)).ok
     # the recorded history replays the dynamo trace on a fresh model
     fresh = copy.deepcopy(ref)
     sch.history.replay(fresh)
