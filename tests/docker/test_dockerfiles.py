@@ -83,6 +83,7 @@ def test_cpu_image_builds_and_passes_the_smoke_check(tmp_path):
     assert proc.returncode == 0, f"build.sh exited {proc.returncode}:\n{proc.stdout[-4000:]}" \
                                  f"\n{proc.stderr[-4000:]}"
     assert "smoke check passed" in proc.stdout
+    print("\n".join(line for line in proc.stdout.splitlines() if line.startswith("build.sh:")))
     for name in ("smoke.tsv", "smoke-fig7.png", "smoke-tests.txt"):
         assert (out / name).is_file(), f"the smoke check wrote no {name} into {out}"
     rows = [r for r in (out / "smoke.tsv").read_text().splitlines()
