@@ -211,7 +211,7 @@ def partition_main(layers: int, stages: int, seq: int = 16) -> Dict:
     t2 = time.perf_counter()
     peak = _rss_bytes("VmHWM") if reset else None
     on_meta = all(p.is_meta for part in parts for p in part.parameters())
-    return {"stages": len(parts), "params": params, "seq": seq,
+    return {"stages": len(parts), "params": params, "seq": seq, "load_avg_1m": os.getloadavg()[0],
             "full_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
             "trace_s": t1 - t0, "cut_s": t2 - t1, "total_s": t2 - t0,
             "peak_rss_delta_bytes": None if peak is None else peak - baseline,
