@@ -41,3 +41,10 @@ def test_every_code_block_is_run_or_says_why_not(path):
 def test_the_docs_tests_see_python_blocks():
     # guards the collector: README.md has a run block; a rename of the fence would hide them all
     assert any(info in RUN for _, info in fences(ROOT / "README.md"))
+
+
+def test_the_docs_index_links_every_page():
+    index = (ROOT / "docs" / "README.md").read_text()
+    missing = [p.name for p in DOCS if p.parent.name == "docs" and p.name != "README.md"
+               and f"]({p.name})" not in index]
+    assert not missing, f"docs/README.md does not link {missing}; add a line for each"
