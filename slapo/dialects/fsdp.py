@@ -17,6 +17,9 @@ data-parallel ranks.
   same tensor-parallel position (:func:`~slapo.dialects.common.data_parallel_group`): a 2-D
   (DP, TP) layout with Slapo's own collectives on the TP axis, FSDP's on the DP axis. Without TP,
   FSDP shards over the world. ``mesh`` (a 1-D ``DeviceMesh``) overrides the data-parallel mesh.
+* ``reshard_after_forward``: free each unit's gathered parameters after its forward (ZeRO-3
+  style; the last layer keeps them, it is the first the backward needs); ``False`` keeps them
+  all until the backward (ZeRO-2 style: more memory, one all-gather per step fewer per unit).
 * ``mixed_precision``: a dtype (e.g. ``torch.bfloat16``): FSDP2 computes in it and reduces
   gradients in fp32, keeping fp32 master weights (``MixedPrecisionPolicy``).
 * ``optimizer``: as for ``torch`` (factory ``fn(params)`` or an optimizer); default AdamW. It is
@@ -140,8 +143,12 @@ class FSDPDialect(Dialect):
         if mixed_precision is not None:
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=mixed_precision,
                                                    reduce_dtype=torch.float32)
-        for path in units:
-            fully_shard(model.get_submodule(path), **kw)
+        for i, path in enumerate(units):
+            # the last layer's parameters are the first the backward needs: keep them gathered
+            # after its forward (as torchtitan does) instead of resharding and regathering
+            last = i == len(units) - 1
+            fully_shard(model.get_submodule(path),
+                        **{**kw, "reshard_after_forward": reshard_after_forward and not last})
         fully_shard(model, **kw)
         model.slapo_fsdp_units = units  # what was wrapped, for tests and explain
         return model, make_optimizer(model, optimizer)

@@ -57,7 +57,8 @@ def _fsdp(tp: int):
         tp_schedule_gpt2(sch)
     specs = {n: get_shard_spec(p) for n, p in sch.mod.named_parameters()}
     built, opt = slapo.build(sch, target="fsdp", optimizer=adamw)
-    sharded = any(p.to_local().numel() < p.numel() for p in built.parameters())
+    sharded = any(p.to_local().numel() < p.numel() for p in built.parameters()
+                  if hasattr(p, "to_local"))
     losses, grads = _two_steps(built, opt, rank_batch(rank // tp) if world > tp else
                                union_batch(1))
     return dict(losses=losses, grads=grads, specs=specs, sharded=sharded,
