@@ -1,6 +1,7 @@
 """The PyTorch peers in the one driver (issue 18): every model family of the zoo trains under
 ``fsdp``, ``slapo-fsdp`` and ``dtensor-tp`` on 2 gloo ranks, or the run is a ``fail`` row that
-says why the family is not supported; ``slapo-fsdp --tp 2`` runs TP x FSDP."""
+says why the family is not supported; ``slapo-fsdp --tp 2`` runs TP x FSDP; bf16 (FSDP2 mixed
+precision) and HF gradient checkpointing run under the two baselines."""
 
 from end2end.bench import parse_args, run_bench
 from end2end.models import build_model, count_parameters
@@ -27,6 +28,9 @@ def _runs(results: str):
         for mode in PEERS:
             codes[mode, family] = run_bench(_args(mode, family, results))
     codes["tp"] = run_bench(_args("slapo-fsdp", "gpt-neo", results, "--tp", "2"))
+    for mode in ("fsdp", "dtensor-tp"):  # FSDP2 mixed precision, DTensor + HF checkpointing
+        codes["bf16", mode] = run_bench(_args(mode, "gpt-neo", results, "--dtype", "bf16",
+                                              "--ckpt", "1"))
     return codes
 
 
@@ -34,7 +38,8 @@ def test_every_family_trains_under_the_peers_or_says_why(tmp_path):
     results = str(tmp_path / "r.tsv")
     codes = run_distributed(_runs, 2, results, timeout=600)[0]
     rows = read_results(results).rows
-    assert len(rows) == len(FAMILIES) * len(PEERS) + 1
+    assert len(rows) == len(FAMILIES) * len(PEERS) + 3
+    assert [(r.dtype, r.ckpt, r.status) for r in rows[-2:]] == [("bf16", "1", "ok")] * 2
     for row in rows:
         family = row.model.split("/")[1]
         key = (row.impl, family)
