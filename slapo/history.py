@@ -119,7 +119,7 @@ class History:
         return self.to_code()
 
     def __repr__(self) -> str:
-        return f"<History of {len(self.entries)} primitive calls>"
+        return f"<History of {_calls(len(self.entries))}>"
 
     def _render(self) -> Tuple[str, List[Any]]:
         objects: List[Any] = []
@@ -164,7 +164,7 @@ class History:
             if mods:
                 line += "  # " + ", ".join(mods)
             lines.append(line)
-        header = [f"# slapo schedule: {len(self.entries)} primitive calls"]
+        header = [f"# slapo schedule: {_calls(len(self.entries))}"]
         if objects:
             header.append(
                 "# objects = sch.history.objects  (values without a source form, by index)"
@@ -190,3 +190,7 @@ class History:
             kwargs = {k: resolve(v) for k, v in e.kwargs.items()}
             getattr(sch[e.path], e.primitive)(*args, **kwargs)
         return sch
+
+
+def _calls(n: int) -> str:
+    return f"{n} primitive call" + ("" if n == 1 else "s")
