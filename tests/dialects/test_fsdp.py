@@ -79,12 +79,17 @@ def _check(results, ref_losses, ref_grads, dp: int):
         assert r["sharded"] == (dp > 1)
 
 
+def _tp1_and_tp2():
+    return _fsdp(1), _fsdp(2)
+
+
 def test_fsdp_and_tp_x_fsdp_match_single_process_on_two_ranks():
     ref_losses, ref_grads = _reference(2)
     assert ref_losses[1] < ref_losses[0]
-    _check(run_distributed(_fsdp, 2, 1), ref_losses, ref_grads, dp=2)  # TP 1 x DP 2
+    results = run_distributed(_tp1_and_tp2, 2)  # one spawn for both layouts
+    _check([r[0] for r in results], ref_losses, ref_grads, dp=2)  # TP 1 x DP 2
     ref1_losses, ref1_grads = _reference(1)
-    _check(run_distributed(_fsdp, 2, 2), ref1_losses, ref1_grads, dp=1)  # TP 2 x DP 1
+    _check([r[1] for r in results], ref1_losses, ref1_grads, dp=1)  # TP 2 x DP 1
 
 
 def test_tp2_x_fsdp2_mesh_on_four_ranks():
