@@ -1,6 +1,7 @@
 """Delayed-init (meta) models trace, ``trace_until`` and cut into pipeline stages without
 materialising a weight; materialised afterwards, the stages compute what the unscheduled model
-materialised the same way computes (outputs and gradients), in process and on 2 gloo ranks."""
+materialised the same way computes (outputs and gradients), in process and on 2 gloo ranks, where
+``slapo.build(sch, init_weights=True)`` of the traced, cut meta model trains like it too."""
 
 import copy
 
@@ -102,6 +103,12 @@ def _train_meta_on_ranks():
         slapo.materialize(sch, True, device="cpu", seed=5)
         slapo.materialize(ref, True, device="cpu", seed=5)
         out[family] = train_stage_like_reference(ref.train(), parts, family, schedule, steps=2)
+    # the user's path: build() materialises the traced, cut meta model and runs this rank's stage
+    ref, sch, _ = staged_meta("gpt_neo", 2)
+    model, _ = slapo.build(sch, init_weights=True, device="cpu", init_seed=7, n_microbatches=2)
+    slapo.materialize(ref, True, device="cpu", seed=7)
+    batch = example_inputs("gpt_neo", batch=4, seq=8)
+    out["build"] = (model.train_step(batch), ref(**batch).loss.item())
     return out
 
 
@@ -110,3 +117,5 @@ def test_meta_pipeline_trains_like_the_unpipelined_model_on_2_ranks():
     for family in ("gpt_neo", "llama"):
         assert results[0][family] == [None, None]
         assert all(loss is not None for loss in results[1][family])
+    for r in results:  # the first step's loss is the unscheduled model's, on every rank
+        assert r["build"][0] == pytest.approx(r["build"][1], rel=1e-6)
