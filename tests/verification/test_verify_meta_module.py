@@ -118,13 +118,16 @@ def _both_ways(sch):
     return {"whole": _result(whole), "layer": _result(layer), "meta": _on_meta(sch.mod)}
 
 
-def _fused_qkv_wrong_split():
+def _fused_qkv(wrong_split_in_layer_0=True):
+    """Fused q/k/v built from meta weights, column-sharded (layer 0 split as [q|k|v] blocks,
+    against the op's per-head layout, if ``wrong_split_in_layer_0``)."""
     sch = slapo.create_schedule(meta_bert(), keep_original=True)
     for i in range(2):
         p = f"bert.encoder.layer.{i}"
         sch[f"{p}.attention.self"].replace(
             attention_from_hf(sch[f"{p}.attention.self"].mod, fused_qkv=True))
-        column(sch[f"{p}.attention.self.qkv_proj"], fused=3 if i == 0 else 1)
+        wrong = i == 0 and wrong_split_in_layer_0
+        column(sch[f"{p}.attention.self.qkv_proj"], fused=3 if wrong else 1)
         sch[f"{p}.attention.self"].sync("bwd_post", "all_reduce")
         row(sch[f"{p}.attention.output.dense"])
     return sch
@@ -135,7 +138,8 @@ def _run_on_ranks():
            "missing_row_all_reduce": _both_ways(_meta_bert_tp({(0, "attn_out_sync")})),
            "wrong_shard_axis": _both_ways(_meta_bert_tp({(0, "mlp_axis")})),
            "missing_backward_all_reduce": _both_ways(_meta_bert_tp({(0, "attn_bwd")})),
-           "qkv_split_not_matching_heads": _both_ways(_fused_qkv_wrong_split())}
+           "qkv_split_not_matching_heads": _both_ways(_fused_qkv()),
+           "fused_qkv_correct": _both_ways(_fused_qkv(wrong_split_in_layer_0=False))}
     sch = _meta_bert_tp()
     out["layer_rules"] = _result(slapo.verify(sch[L0], example_inputs("bert"),
                                               raise_on_mismatch=False))
@@ -150,6 +154,9 @@ def ranks():
 def test_meta_tp_schedule_and_its_layer_pass_on_2_ranks(ranks):
     for r in ranks:
         assert r["correct"]["whole"]["ok"] and r["correct"]["layer"]["ok"], r["correct"]
+        # sharded qkv_proj shards get the original q/k/v values through provenance
+        fused = r["fused_qkv_correct"]
+        assert fused["whole"]["ok"] and fused["layer"]["ok"], fused
         assert r["layer_rules"]["ok"] and all(v["meta"] for k, v in r.items() if "meta" in v)
 
 
