@@ -3,10 +3,11 @@ tracer cannot follow.
 
 The default tracer (:mod:`slapo.trace.tracer`) keeps the module hierarchy: every child stays a
 ``call_module`` node with its own schedule path. It runs the forward on proxies, so Python that
-inspects values (``isinstance(h, torch.Tensor)``, a custom ``autograd.Function``, library code
-that branches on tensor types) can trace into the wrong graph or not at all. ``torch.export``
-runs the forward on fake tensors instead and records every operation as an ATen op
-(``aten.linear``, ``aten.gelu`` ...): it follows such code, at the price of a *flat* graph.
+inspects values beyond what it answers from example values (``type(h) is torch.Tensor``, a
+custom ``autograd.Function``, library code that branches on tensor types) can trace into the
+wrong graph or not at all. ``torch.export`` runs the forward on fake tensors instead and records
+every operation as an ATen op (``aten.linear``, ``aten.gelu`` ...): it follows such code, at the
+price of a *flat* graph.
 
 What that means for a schedule:
 

@@ -4,9 +4,10 @@ HuggingFace modules defeat plain ``torch.fx.symbolic_trace`` (decorated forwards
 shape unpacking, ``len``/``bool`` on proxies). :class:`ValueTracer` traces with *real example
 values* flowing beside the graph: every node gets ``node.meta["val"]`` computed from the values of
 its inputs (with fx's patches reverted), so Python-level questions a proxy cannot answer
-(``len``, ``iter``, ``bool``, ``keys``, ``.dtype``, ``.device``, ``.ndim``, ``int()``) are answered
-from the value and fixed in the graph, while tensor *shapes* stay symbolic (``x.shape[0]`` is a
-node), so the graph is valid for other batch and sequence sizes.
+(``len``, ``iter``, ``bool``, ``keys``, ``.dtype``, ``.device``, ``.ndim``, ``int()``,
+``isinstance`` (:mod:`slapo.trace.type_checks`)) are answered from the value and fixed in the
+graph, while tensor *shapes* stay symbolic (``x.shape[0]`` is a node), so the graph is valid for
+other batch and sequence sizes.
 
 What is specialised at trace time (documented limits): Python control flow, ``self.training``
 (trace in the mode you run), non-tensor arguments (``None``, flags, ints), and ``len()`` /
@@ -44,6 +45,7 @@ from ..runtime.forward_wrap import copy_forward_wrappers, forward_wrappers, move
 from .guards import check_branch, check_kwargs, check_specialized, model_source_site
 from .original import keep_original
 from .stand_ins import meta_stand_ins
+from .type_checks import isinstance_sees_values
 
 __all__ = ["ValueTracer", "trace_module", "Inputs", "is_builtin_leaf"]
 
@@ -81,7 +83,8 @@ def is_builtin_leaf(mod: nn.Module) -> bool:
 
 
 class ValueProxy(fx.Proxy):
-    """A proxy that knows the example value of its node (``node.meta['val']``)."""
+    """A proxy that knows the example value of its node (``node.meta['val']``); while tracing,
+    ``isinstance`` asks the value (:mod:`slapo.trace.type_checks`)."""
 
     @property
     def value(self) -> Any:
@@ -329,7 +332,8 @@ def trace_module(
     tracer = ValueTracer(mod, inputs, is_leaf)
     state = torch.random.get_rng_state()
     try:
-        with torch.random.fork_rng(devices=[]), meta_stand_ins(mod):
+        with torch.random.fork_rng(devices=[]), meta_stand_ins(mod), \
+                isinstance_sees_values(ValueProxy):
             graph = tracer.trace(mod)
     except TraceError as e:
         e.path = path

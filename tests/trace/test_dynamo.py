@@ -20,8 +20,8 @@ from tests.sharding.helpers import train_and_compare
 
 
 class Block(nn.Module):
-    """Python the default tracer cannot follow: a type check on an activation (a proxy is not
-    a tensor, so the branch would be dropped)."""
+    """A type check on an activation (the default tracer answers it from the example value,
+    see tests/trace/test_tracer.py; dynamo runs it on a fake tensor)."""
 
     def __init__(self, bias: bool = True, p: float = 0.0):
         super().__init__()

@@ -140,3 +140,45 @@ def test_guard_on_specialised_argument():
     gm = sch["bert.encoder.layer.0.attention.self"].trace(example_inputs=example_inputs("bert"))
     with pytest.raises(slapo.TraceError, match="when the module was traced"):
         gm(torch.randn(2, 8, 32), position_ids=torch.arange(8))
+
+
+class TypeChecks(nn.Module):
+    """``isinstance`` on traced values: a proxy must answer as its value does (a plain proxy is
+    neither a tensor nor a tuple, and these branches used to be dropped silently)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 16)
+        self.fc2 = nn.Linear(16, 8)
+        self.register_buffer("shift", torch.full((16,), 0.5))
+
+    def forward(self, x):
+        h = self.fc1(x)
+        if isinstance(h, torch.Tensor):
+            h = h * 2.0
+        if not isinstance(h, (tuple, list, dict, int)):
+            h = h + 1.0
+        parts = h.chunk(2, dim=-1)  # a traced tuple
+        if isinstance(parts, (tuple, list)):
+            h = torch.cat([parts[1], parts[0]], dim=-1)
+        if isinstance(x.shape, torch.Size) and isinstance(x.shape[0], int):
+            h = h - 0.25
+        if torch.is_tensor(h):  # and C code must still see a proxy, not a tensor
+            h = torch.where(h > 0.5, h, 0.0)
+        w = self.fc2.weight  # fc2 is a leaf, but its weight read here is a traced attribute
+        if isinstance(w, nn.Parameter) and not isinstance(self.shift, nn.Parameter):
+            h = h + self.shift
+        return self.fc2(torch.tanh(h)) + (w.sum() if isinstance(w, torch.Tensor) else 0.0)
+
+
+def test_isinstance_on_traced_values_matches_eager():
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(8, 8), TypeChecks())
+    model = nn.Sequential(nn.Linear(8, 8), TypeChecks())
+    model.load_state_dict(ref.state_dict())
+    sch = slapo.create_schedule(model)
+    gm = sch["1"].trace(example_inputs=(torch.randn(2, 4, 8),))
+    targets = [n.target for n in gm.graph.nodes]
+    assert "chunk" in targets and torch.cat in targets and torch.where in targets
+    for shape in [(2, 4, 8), (3, 5, 8)]:  # outputs and gradients, at another shape too
+        assert_same_training(ref, model, (torch.randn(shape),))
