@@ -15,9 +15,13 @@ is what a head-split plan needs from model code (torchtitan's models use ``-1`` 
 Not supported (the run is a ``fail`` row that says why): GPT-2 (HF ``Conv1D`` layers, which the
 DTensor styles do not cover: they shard ``nn.Linear``/``nn.Embedding``), ALBERT (one shared layer
 module called for every layer; no plan written) and WideResNet (convolutions).
-Sequence parallelism (``SequenceParallel`` on the norms) is not used: HF layers take masks,
-position ids and caches as keyword arguments, which would need a ``PrepareModuleInput`` per
-layer and per family; see end2end/README.md "Peers".
+Sequence parallelism where the family allows it (pre-norm layers whose attention and MLP are
+modules of their own: LLaMA, GPT-Neo; :data:`SP_LAYOUTS`), as torchtitan: the first layer's input
+is split along the sequence (the embedding stays whole, so HF's masks and positions see the full
+sequence), the norms run ``SequenceParallel``, the attention and MLP modules all-gather their
+input (``PrepareModuleInput``), the row-parallel projections reduce-scatter back to sequence
+shards, and the LM head gathers the final norm's output. BERT/RoBERTa (post-norm inside the
+sub-layers), OPT (MLP linears called from the layer) and T5 run without it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,13 @@ FAMILY_LAYOUTS: Dict[str, Tuple[str, str, Tuple[str, ...], str, Tuple[str, ...],
             "self_attn.out_proj", ("fc1",), "fc2", ("num_heads",)),
     "llama": ("model.layers", "self_attn", ("q_proj", "k_proj", "v_proj"), "self_attn.o_proj",
               ("mlp.gate_proj", "mlp.up_proj"), "mlp.down_proj", ()),
+}
+# family -> (first layer, per-layer norms, attention module and how it takes hidden_states
+# ("arg" or "kwarg"), MLP module, final norm)
+SP_LAYOUTS: Dict[str, Tuple[str, Tuple[str, ...], str, str, str, str]] = {
+    "llama": ("model.layers.0", ("input_layernorm", "post_attention_layernorm"), "self_attn",
+              "kwarg", "mlp", "model.norm"),
+    "gpt_neo": ("transformer.h.0", ("ln_1", "ln_2"), "attn", "arg", "mlp", "transformer.ln_f"),
 }
 _UNSUPPORTED = {
     "gpt2": "HF GPT-2 uses transformers' Conv1D layers (weights [in, out]), which DTensor's "
@@ -109,8 +120,42 @@ def _tied_groups(model: nn.Module) -> List[List[Tuple[str, str]]]:
     return [g for g in groups.values() if len(g) > 1]
 
 
-def tp_plan(model: nn.Module, family: str) -> Dict[str, Any]:
-    """The ``parallelize_module`` plan of ``model`` (a HF model of ``family``)."""
+def _sequence_parallel(model: nn.Module, family: str, plan: Dict[str, Any]) -> None:
+    """Turn ``plan`` into its sequence-parallel form (see the module docstring)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel)
+
+    first, norms, attn, attn_input, mlp, final = SP_LAYOUTS[family]
+    stack = FAMILY_LAYOUTS[family][0]
+    gather = dict(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    for layer in _layers(model, stack):
+        plan.update({f"{layer}.{n}": SequenceParallel() for n in norms})
+        plan[f"{layer}.{attn}"] = PrepareModuleInput(**gather) if attn_input == "arg" else \
+            PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                               desired_input_kwarg_layouts={"hidden_states": Replicate()})
+        plan[f"{layer}.{mlp}"] = PrepareModuleInput(**gather)
+        for name, style in list(plan.items()):  # row-parallel exits reduce-scatter
+            if name.startswith(layer + ".") and isinstance(style, RowwiseParallel):
+                plan[name] = RowwiseParallel(output_layouts=Shard(1))
+    plan[first] = PrepareModuleInput(input_layouts=(Replicate(),),
+                                      desired_input_layouts=(Shard(1),), use_local_output=True)
+    plan[final] = SequenceParallel()
+    for name, style in list(plan.items()):
+        if isinstance(style, ColwiseParallel) and name == _head_name(model):
+            plan[name] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1),
+                                         use_local_output=False)
+
+
+def _head_name(model: nn.Module) -> str:
+    head = model.get_output_embeddings()
+    return next((name for name, mod in model.named_modules() if mod is head), "")
+
+
+def tp_plan(model: nn.Module, family: str, sequence_parallel: bool = True) -> Dict[str, Any]:
+    """The ``parallelize_module`` plan of ``model`` (a HF model of ``family``); with
+    ``sequence_parallel`` its sequence-parallel form where the family allows it
+    (:data:`SP_LAYOUTS`)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
@@ -126,13 +171,14 @@ def tp_plan(model: nn.Module, family: str) -> Dict[str, Any]:
             plan[f"{layer}.{attn_out}"] = RowwiseParallel()
             plan.update({f"{layer}.{p}": ColwiseParallel() for p in mlp_in})
             plan[f"{layer}.{mlp_out}"] = RowwiseParallel()
-    head = model.get_output_embeddings()
     for name, mod in _word_embedding_owners(model):
         if isinstance(mod, nn.Embedding):  # vocab-parallel embedding
             plan[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    for name, mod in model.named_modules():
-        if mod is head:  # logits stay sharded over the vocabulary for loss_parallel
-            plan[name] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    if _head_name(model):  # logits stay sharded over the vocabulary for loss_parallel
+        plan[_head_name(model)] = ColwiseParallel(output_layouts=Shard(-1),
+                                                  use_local_output=False)
+    if sequence_parallel and family in SP_LAYOUTS:
+        _sequence_parallel(model, family, plan)
     return plan
 
 
@@ -151,12 +197,14 @@ def _localise_heads(model: nn.Module, family: str, tp: int) -> None:
                 setattr(mod, attr, heads // tp)
 
 
-def apply_tp_plan(model: nn.Module, family: str, mesh: Any) -> nn.Module:
-    """Parallelise ``model`` in place over the 1-D ``mesh`` with its family's plan; weights tied
-    to the word embedding stay one parameter (re-pointed after the styles distributed them)."""
+def apply_tp_plan(model: nn.Module, family: str, mesh: Any,
+                  sequence_parallel: bool = True) -> nn.Module:
+    """Parallelise ``model`` in place over the 1-D ``mesh`` with its family's plan (sequence
+    parallel where the family allows, unless ``sequence_parallel=False``); weights tied to the
+    word embedding stay one parameter (re-pointed after the styles distributed them)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    plan = tp_plan(model, family)
+    plan = tp_plan(model, family, sequence_parallel)
     tied = _tied_groups(model)
     parallelize_module(model, mesh, plan)
     for owners in tied:  # re-tie: every owner gets the distributed copy (a DTensor if any)
