@@ -80,6 +80,13 @@ def _hooked_subgraph():
     sch.replace(nn.Sequential(nn.Linear(16, 32), nn.GELU()), found)
 
 
+def _verify_block(*args, **kwargs):
+    sch = _mlp()
+    with slapo.Verify(sch, (torch.randn(2, 16),), *args, **kwargs) as check:
+        sch["act"].replace(nn.GELU())
+    assert check.report.ok
+
+
 def _knobs(name, **knobs):
     apply_schedule(tiny_model("bert"), name, **knobs)
 
@@ -92,6 +99,11 @@ CASES = {
     "slapo.list_primitives()": lambda: slapo.list_primitives(),
     "slapo.register_primitive": lambda: slapo.register_primitive,
     "slapo.Verify(sch, example_inputs)": lambda: slapo.Verify(_mlp(), (torch.randn(2, 16),)),
+    "slapo.Verify(sch, example_inputs, eval_mode=True, enable=True)":
+        lambda: _verify_block(eval_mode=True, enable=True),
+    'slapo.Verify(sch, example_inputs, device="cuda")': lambda: _verify_block(device="cuda"),
+    'slapo.Verify(sch, example_inputs, "cuda", True, True)':
+        lambda: _verify_block("cuda", True, True),
     "slapo.init_empty_weights()": lambda: slapo.init_empty_weights(),
     "slapo.checkpoint(fn, *args)": lambda: slapo.checkpoint(torch.sin, torch.ones(2)),
     "slapo.set_random_seed(seed, tp_rank=...)": lambda: slapo.set_random_seed(2013, tp_rank=0),

@@ -34,8 +34,8 @@ from ..trace.tracer import Inputs
 from ..weights.delayed_init import InitFn, materialize
 from .tools import Difference, VerifyReport, compare
 
-__all__ = ["reference_of", "inputs_of", "materialized", "load_derived", "as_inputs", "map_tensors",
-           "grad_leaves", "compare_input_grads", "full_paths"]
+__all__ = ["reference_of", "inputs_of", "check_device", "materialized", "load_derived",
+           "as_inputs", "map_tensors", "grad_leaves", "compare_input_grads", "full_paths"]
 
 
 def as_inputs(value: Any) -> Inputs:
@@ -95,6 +95,27 @@ def inputs_of(sch: Schedule, ref_root: Optional[nn.Module], example_inputs: Any,
                                device=device, seed=seed)
     target = ref_root.get_submodule(sch.path)
     return capture_inputs(ref_root, target, example_inputs, sch.path)
+
+
+def check_device(sch: Schedule, device: Any, inputs: Any) -> None:
+    """``device=`` places the weights a meta model is materialised with; verify never moves a
+    model or inputs. The original Slapo's ``Verify(..., device="cuda")`` moved both there, so a
+    real weight or an input on another device is an error, not a silent run elsewhere."""
+    want = torch.device(device)
+    found = []
+    map_tensors(inputs, found.append)
+    tensors = [t for t in list(sch.mod.parameters()) + list(sch.mod.buffers()) if not t.is_meta]
+    for what, ts in (("the scheduled module's weights are", tensors), ("the inputs are", found)):
+        have = ts[0].device if ts else want
+        if have.type != want.type or (None not in (have.index, want.index)
+                                      and have.index != want.index):
+            raise VerifyError(
+                f"device={device!r}, but {what} on '{have}'; verify runs the model and the "
+                "inputs where they are (the original Slapo's Verify moved both to device)",
+                call=f"verify(device={device!r})", path=sch.path,
+                hint=f"move both there first: model.to({str(want)!r}) and the inputs "
+                f".to({str(want)!r}); device= only places the weights of a meta "
+                "(init_empty_weights) model")
 
 
 def _init_or_fail(init_weights: InitFn, sch: Schedule) -> InitFn:

@@ -24,6 +24,8 @@ to the original layout, for values, gradients and parameters after steps.
 from __future__ import annotations
 
 import copy
+import difflib
+import inspect
 from typing import Any, Optional
 
 import torch
@@ -37,6 +39,7 @@ from ..testing.compare import outputs_of
 from ..weights.delayed_init import InitFn
 from .rules import check_schedule
 from .targets import (
+    check_device,
     compare_input_grads,
     full_paths,
     grad_leaves,
@@ -182,12 +185,16 @@ def verify(
             ``slapo.build(sch, init_weights=..., init_seed=..., device=...)`` would (same
             deterministic per-module values; this rank's shards only) and the scheduled
             module's meta tensors are put back afterwards. ``device`` defaults to the inputs'.
+            Nothing is moved: a real weight or an input on another ``device`` is an error
+            (the original Slapo's ``Verify(..., device="cuda")`` moved the model there).
         raise_on_mismatch: raise :class:`VerifyError` (else just return the report).
 
     The scheduled model's weights, gradients, dtypes and mode are restored afterwards.
     """
     root = sch.root
     group = root.group
+    if device is not None:
+        check_device(sch, device, inputs if inputs is not None else example_inputs)
     if rules:
         problems = check_schedule(root)
         if sch is not root:
@@ -360,11 +367,34 @@ class Verify:
     """Context manager: verify the primitives applied inside the block on exit.
 
     The model is copied on entry (the original for the comparison), so the block's primitives
-    are verified against the state before it. Keyword arguments are those of :func:`verify`.
-    Nothing is verified when the block raises, or with ``enable=False``.
+    are verified against the state before it. Keyword arguments are those of :func:`verify`,
+    checked here (not at the end of the block). Nothing is verified when the block raises, or
+    with ``enable=False``.
     """
 
-    def __init__(self, sch: Schedule, example_inputs: Any, *, enable: bool = True, **kwargs: Any):
+    def __init__(self, sch: Schedule, example_inputs: Any, *positional: Any, enable: bool = True,
+                 **kwargs: Any):
+        if positional:
+            raise VerifyError(
+                f"Verify() takes sch and example_inputs positionally, but {len(positional)} "
+                "more argument(s) were given (the original Slapo's Verify(sch, example_inputs, "
+                "device, eval_mode, enable) took those positionally)", call="Verify",
+                hint="pass them by keyword: Verify(sch, example_inputs, eval_mode=..., "
+                "enable=...)")
+        known = [k for k in inspect.signature(verify).parameters
+                 if k not in ("sch", "example_inputs", "reference")]  # reference: the copy
+        unknown = sorted(set(kwargs) - set(known))
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            raise VerifyError(f"unknown argument(s) {', '.join(unknown)}", call="Verify",
+                              hint=f"did you mean {close[0]}=?" if close else
+                              "Verify compares with the copy it takes on entry; call "
+                              "slapo.verify(sch, example_inputs, reference=...) instead"
+                              if "reference" in unknown else
+                              f"the keyword arguments of Verify: {', '.join(known)}")
+        if enable and kwargs.get("device") is not None:  # fail here, not after the block
+            inputs = kwargs.get("inputs")
+            check_device(sch, kwargs["device"], inputs if inputs is not None else example_inputs)
         self.sch = sch
         self.example_inputs = example_inputs
         self.enable = enable

@@ -116,3 +116,32 @@ class GradScaled(nn.Module):
 
     def forward(self, x):
         return self.inner(_ScaleGrad.apply(x))
+
+
+def test_original_verify_arguments_fail_at_the_call():
+    """The original's Verify(sch, inputs, device="cuda", eval_mode, enable) moved the model and
+    the inputs to ``device``; verify moves nothing, so another device is an error before the
+    block runs; positional and misspelt arguments too (not a TypeError after the block)."""
+    sch = slapo.create_schedule(MLP(), keep_original=True)
+    inputs = (torch.randn(2, 16),)
+    for device in ("cuda", "cuda:1", "meta"):
+        with pytest.raises(slapo.VerifyError, match=rf"device='{device}', but the scheduled "
+                           rf"module's weights are on 'cpu'.*Hint: .*model.to\('{device}'\)"):
+            slapo.Verify(sch, inputs, device=device)
+        with pytest.raises(slapo.VerifyError, match="moved both to device"):
+            slapo.verify(sch, inputs, device=device)
+    with slapo.init_empty_weights():
+        meta = MLP()
+    with pytest.raises(slapo.VerifyError, match=r"the inputs are on 'cpu'.*Hint: move both"):
+        slapo.verify(slapo.create_schedule(meta), inputs, reference=meta, device="meta")
+    with slapo.Verify(sch, inputs, device="cpu", eval_mode=True) as v:  # where it runs: fine
+        sch["act"].replace(nn.GELU())
+    assert v.report.ok and slapo.verify(sch, inputs, device=torch.device("cpu")).ok
+    with pytest.raises(slapo.VerifyError, match=r"positionally.*Hint: pass them by keyword"):
+        slapo.Verify(sch, inputs, "cuda", True, True)
+    with pytest.raises(slapo.VerifyError, match=r"unknown argument\(s\) devcie.*device=\?"):
+        slapo.Verify(sch, inputs, devcie="cpu")
+    with pytest.raises(slapo.VerifyError, match=r"reference.*slapo.verify\(sch, example_inputs"):
+        slapo.Verify(sch, inputs, reference=MLP())
+    with slapo.Verify(sch, inputs, device="cuda", enable=False):  # disabled: nothing checked
+        pass
