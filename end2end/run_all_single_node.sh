@@ -8,7 +8,9 @@
 #    stack on a fresh machine, PYTHON=... uses another interpreter instead;
 # 2. the environment dump next to the results (<results>.env.txt);
 # 3. the sweep (resumable: re-running continues where it stopped), 4. the figure.
-# Results go to ${RESULTS:-<repo>/results/<config name>.tsv}; the figure to <results>-fig7.png/pdf.
+# Results go to ${RESULTS:-<repo>/results/<config name>.tsv}; the figure to <results>-fig7.png/pdf
+# (*_peers.cfg: <results>-peers.png/pdf, the peers figure); the speedups and a Markdown table of
+# medians (min-max) are printed.
 # Exit status: the sweep's (0 all ok, 1 some runs not ok, 2 usage/config error, 130 interrupted);
 # the figure is drawn for 0 and 1 only.
 set -euo pipefail
@@ -54,6 +56,8 @@ if [[ $rc -ne 0 && $rc -ne 1 ]]; then
 fi
 echo "sweep: $(( $(date +%s) - start )) s; load average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
 DESC="$("$PY" -c 'import os, torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {len(os.sched_getaffinity(0))} cores")')"
-"$PY" -m end2end.plot "$RESULTS" -o "${RESULTS%.tsv}-fig7" \
+FIGURE=(-o "${RESULTS%.tsv}-fig7")
+[[ "$NAME" == *peers* ]] && FIGURE=(-o "${RESULTS%.tsv}-peers" --peers)   # configs/*_peers.cfg
+"$PY" -m end2end.plot "$RESULTS" "${FIGURE[@]}" --table \
   --title "$(basename "$CFG") on $DESC: training samples/s (higher is better); labels: Slapo speedup over its baseline"
 exit "$rc"
