@@ -156,9 +156,11 @@ class SelfAttention(nn.Module):
                               call="SelfAttention.forward",
                               hint="build the module with fused_qkv=False for cross attention")
             x = self.qkv_proj(hidden_states).view(b, s, -1, r + 2, d)
-            q = x[:, :, :, :r].reshape(b, s, -1, d)
-            k, v = x[:, :, :, r], x[:, :, :, r + 1]
-            return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            # one split (its backward is one cat), not three slices (whose backward fills and
+            # adds three zero tensors of the fused size)
+            q, k, v = torch.split(x, [r, 1, 1], dim=3)
+            q = q.reshape(b, s, -1, d)
+            return q.transpose(1, 2), k.squeeze(3).transpose(1, 2), v.squeeze(3).transpose(1, 2)
         kv_in = hidden_states if key_value_states is None else key_value_states
         kv_shape = (*kv_in.shape[:2], -1, d)
         q = self.q_proj(hidden_states).view(b, s, -1, d).transpose(1, 2)
