@@ -22,7 +22,7 @@ from ..trace.tracer import Inputs, has_wrappers, is_builtin_leaf, trace_module
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
 
-__all__ = ["Trace", "TraceUntil", "capture_inputs", "LeafSpec"]
+__all__ = ["Trace", "TraceUntil", "capture_inputs", "as_inputs", "LeafSpec"]
 
 LeafSpec = Sequence[Union[str, Type[nn.Module]]]
 _INPUTS_KEY = "example_inputs"  # root metadata: the model inputs used to capture module inputs
@@ -32,7 +32,7 @@ class _Captured(Exception):
     """Raised by the capture hook to stop the forward once the module's inputs are known."""
 
 
-def _as_inputs(value: Any) -> Inputs:
+def as_inputs(value: Any) -> Inputs:
     """``(args, kwargs)`` from a tensor, a tuple of args, a dict of kwargs, or the pair."""
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict) \
             and isinstance(value[0], (tuple, list)):
@@ -58,7 +58,7 @@ def capture_inputs(root: nn.Module, target: nn.Module, example_inputs: Any, path
         got.append((_detach(args), _detach(kwargs)))
         raise _Captured
 
-    args, kwargs = _as_inputs(example_inputs)
+    args, kwargs = as_inputs(example_inputs)
     handle = target.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad(), meta_stand_ins(root):
@@ -80,7 +80,7 @@ def _resolve_inputs(sch, inputs: Any, example_inputs: Any) -> Inputs:
     if example_inputs is not None:
         root.metadata[_INPUTS_KEY] = example_inputs
     if inputs is not None:
-        return _as_inputs(inputs)
+        return as_inputs(inputs)
     stored = root.metadata.get(_INPUTS_KEY)
     if stored is None:
         raise TraceError(
@@ -89,7 +89,7 @@ def _resolve_inputs(sch, inputs: Any, example_inputs: Any) -> Inputs:
             "inputs=(args, kwargs) of this module",
         )
     if sch is root:
-        return _as_inputs(stored)
+        return as_inputs(stored)
     return capture_inputs(root.mod, sch.mod, stored, sch.path)
 
 

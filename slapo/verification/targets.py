@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import VerifyError
-from ..primitives.trace import capture_inputs
+from ..primitives.trace import as_inputs, capture_inputs
 from ..provenance import derived_parameters
 from ..schedule import Schedule
 from ..sharding.spec import get_shard_spec
@@ -35,20 +35,7 @@ from ..weights.delayed_init import InitFn, materialize
 from .tools import Difference, VerifyReport, compare
 
 __all__ = ["reference_of", "inputs_of", "check_device", "materialized", "load_derived",
-           "as_inputs", "map_tensors", "grad_leaves", "compare_input_grads", "full_paths"]
-
-
-def as_inputs(value: Any) -> Inputs:
-    """``(args, kwargs)`` from a dict of keyword inputs, a tuple of positional inputs, a single
-    tensor, or an ``(args, kwargs)`` pair."""
-    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], dict) \
-            and isinstance(value[0], (tuple, list)):
-        return tuple(value[0]), dict(value[1])
-    if isinstance(value, dict):
-        return (), dict(value)
-    if isinstance(value, (tuple, list)):
-        return tuple(value), {}
-    return (value,), {}
+           "map_tensors", "grad_leaves", "compare_input_grads", "full_paths"]
 
 
 def _original_root(sch: Schedule, reference: Optional[nn.Module]) -> nn.Module:
