@@ -17,9 +17,10 @@ marks a system of the figure with no row there ("not run", e.g. no Megatron-LM R
 system of a group (the Figure-7 four; the CPU pair eager/Slapo) that appears anywhere in the
 figure keeps its slot wherever its group runs, and its legend entry. A Slapo bar carries its
 speedup over its baseline (Slapo-TP / Megatron-LM, Slapo-ZeRO3 / DeepSpeed, Slapo / Eager),
-the ratio of the medians, or "~" when the two bars' ranges overlap (within noise). Speedups
-(those pairs and best Slapo vs best baseline; medians with ranges) are printed. All numbers come
-from the results file (aggregation: :mod:`end2end.summary`).
+the ratio of the medians, or "~" when it is within noise (the per-round ratios of interleaved
+repeats include 1.0; :mod:`end2end.stats`). Speedups (those pairs and best Slapo vs best
+baseline; medians with ranges) are printed. All numbers come from the results file
+(aggregation: :mod:`end2end.summary`).
 
 ``--peers`` draws the same kind of figure for today's PyTorch peers (configs/*_peers.cfg): only
 the rows of FSDP2, Slapo-FSDP2, DTensor-TP and Slapo-TP, with the speedups Slapo-FSDP2 / FSDP2
@@ -56,7 +57,7 @@ def _color(system: str) -> str:
 
 def _bar(ax, pos: float, width: float, impl: str, cell: Cell, ref: Optional[Cell]) -> None:
     """A bar at the median, a min-max whisker when repeated, and a Slapo bar's speedup over its
-    baseline (``~`` when the two ranges overlap: within noise)."""
+    baseline (``~`` when within noise, :meth:`end2end.stats.Samples.ratio`)."""
     knobs = impl != base_system(impl)  # a knob variant: its mode's colour, hatched
     ax.bar(pos, cell.thrpt, width, color=_color(impl), hatch="//" if knobs else None,
            edgecolor="white" if knobs else None)

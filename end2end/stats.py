@@ -4,9 +4,15 @@ they are within noise.
 A sweep with ``--repeat R`` measures every run R times in interleaved rounds (every line once,
 then every line again), so drift hits every system alike. :class:`Samples` holds the values of
 one run by repeat index; :meth:`Samples.ratio` compares two runs: the ratio of the medians, its
-range from the per-round ratios (rounds measured side by side pair up; where the rounds do not
-match, the widest range the samples allow), and whether the two ranges overlap — a ratio whose
-ranges overlap is "within noise", not a result (``notes/design.md`` §6).
+range, and whether it is "within noise" (not a result, ``notes/design.md`` §6):
+
+* rounds measured side by side pair up: the range is that of the per-round ratios, and the
+  ratio is within noise when that range includes 1.0 (one system is not ahead in every round).
+  A machine whose speed drifts between rounds widens both systems' ranges alike; the per-round
+  ratio sees through it (two bars whose ranges overlap because the whole machine slowed down in
+  one round can still be 0.86-0.89x in every round);
+* otherwise (rounds that do not match) the range is the widest the samples allow, and the ratio
+  is within noise when the two systems' min-max ranges overlap.
 """
 
 from __future__ import annotations
@@ -53,12 +59,14 @@ class Samples:
     def ratio(self, other: "Samples") -> "Ratio":
         """``self / other``: median ratio, range, and whether it is within noise."""
         mine, theirs = dict(self.values), dict(other.values)
+        repeated = len(self) > 1 and len(other) > 1
         if set(mine) == set(theirs):
             per_round = [mine[r] / theirs[r] for r in mine]
             lo, hi = min(per_round), max(per_round)
+            noise = repeated and lo <= 1.0 <= hi
         else:
             lo, hi = self.lo / other.hi, self.hi / other.lo
-        noise = len(self) > 1 and len(other) > 1 and self.overlaps(other)
+            noise = repeated and self.overlaps(other)
         return Ratio(self.median / other.median, lo, hi, noise, min(len(self), len(other)))
 
 

@@ -7,7 +7,8 @@ are refused, naming the clash, unless ``best`` takes the setting with the best m
 system at its best batch and checkpointing, as the artifact's Figure 7 does). Rows of one setting
 are repeats (the sweep's interleaved rounds, ``--repeat``): the bar is their median
 (:mod:`end2end.stats`). A speedup is the ratio of the medians; with repeats it carries the range
-of the per-round ratios and is "within noise" (``~``) when the two bars' ranges overlap.
+of the per-round ratios and is "within noise" (``~``) when that range includes 1.0 (rounds that
+do not pair up: when the two bars' ranges overlap).
 Everything here comes from the rows; nothing is a constant.
 """
 

@@ -217,3 +217,18 @@ def test_markdown_table_has_medians_ranges_and_ratios(tmp_path, capsys):
            "Slapo-TP / Megatron-LM |" in out
     assert "| `cpu/bert` (128, 4), 2 | 1.1 (1-1.2) | 1.5 (1.4-1.6) | fail | – | " \
            "1.36x (1.17-1.50) |" in out
+
+
+def test_a_machine_drifting_between_rounds_does_not_hide_a_consistent_ratio(tmp_path):
+    """The bars overlap (the whole machine was twice as fast in round 1), but Slapo is 0.9x of
+    the baseline in every round: a result, not noise. Unpaired rounds fall back to overlap."""
+    rows = _repeated(tmp_path / "r.tsv", ["megatron cpu/t5 2 128 64 4 0",
+                                          "slapo-megatron cpu/t5 2 128 64 4 0"],
+                     {"megatron": [1.0, 2.0, 1.5], "slapo-megatron": [0.9, 1.8, 1.35]})
+    (pair, _) = speedups(figure7_table(rows))
+    assert (pair.ratio.lo, pair.ratio.hi) == (pytest.approx(0.9), pytest.approx(0.9))
+    assert not pair.ratio.within_noise and pair.ratio.label == "0.90x"
+    from end2end.stats import Samples
+
+    unpaired = Samples.of([(0, 0.9), (1, 1.8)]).ratio(Samples.of([(0, 1.0), (2, 2.0)]))
+    assert unpaired.within_noise and unpaired.label == "~"
