@@ -166,7 +166,7 @@ class Schedule:
                 raise PathError(
                     f"no submodule '{token}' under '{done or self.path or '<root>'}'",
                     path=self._join(path),
-                    hint=self._suggest(path),
+                    hint=self._suggest(path, node, done),
                 )
             node = children[token]
         return node
@@ -180,7 +180,15 @@ class Schedule:
             return False
         return True
 
-    def _suggest(self, path: str) -> str:
+    def _suggest(self, path: str, found: "Schedule", done: str) -> str:
+        """Close names under the deepest part of ``path`` that exists (``found`` at ``done``),
+        else anywhere in this schedule's subtree."""
+        if done:
+            rest = path[len(done) + 1:]
+            under = [n for n, _ in found.mod.named_modules() if n]
+            close = difflib.get_close_matches(rest, under, n=3, cutoff=0.5)
+            if close:
+                return "did you mean " + ", ".join(f"'{done}.{c}'" for c in close) + "?"
         names = [n for n, _ in self.mod.named_modules() if n]
         close = difflib.get_close_matches(path, names, n=3, cutoff=0.5)
         if close:

@@ -48,7 +48,10 @@ def test_unknown_path_suggests_closest():
     msg = str(info.value)
     assert "'transformer.h.0.atn'" in msg and "Hint: did you mean" in msg
     assert "'transformer.h.0.attn'" in msg
+    assert "transformer.h.1" not in msg  # suggestions stay under the part of the path that exists
     assert isinstance(info.value, LookupError)
+    with pytest.raises(slapo.PathError, match=r"did you mean 'transformer\.h\.0'"):
+        sch["transfomer.h.0"]  # nothing exists: close names anywhere
     with pytest.raises(slapo.PathError, match="must be a str"):
         sch[0]
     assert 0 not in sch
