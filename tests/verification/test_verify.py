@@ -145,3 +145,19 @@ def test_original_verify_arguments_fail_at_the_call():
         slapo.Verify(sch, inputs, reference=MLP())
     with slapo.Verify(sch, inputs, device="cuda", enable=False):  # disabled: nothing checked
         pass
+
+
+def test_float32_rounding_in_a_float64_verify_says_so():
+    """HF's GPT-Neo computes attention in float32 whatever the dtype; the op library's attention
+    does not: a float64 verify sees differences at float32 level, and the hint says why."""
+    from slapo.op.hf_attention import attention_from_hf
+
+    model = tiny_model("gpt_neo")
+    sch = slapo.create_schedule(model, keep_original=True)
+    attn = sch["transformer.h.0.attn.attention"]
+    attn.replace(attention_from_hf(attn.mod))
+    inputs = example_inputs("gpt_neo")
+    with pytest.raises(slapo.VerifyError, match=r"float32 rounding level \(max rel "
+                                                r".*GPT-Neo attention.*verify in float32"):
+        slapo.verify(sch, inputs, dtype=torch.float64)
+    assert slapo.verify(sch, inputs).ok  # float32: equal within its tolerance
