@@ -45,10 +45,13 @@ class VocabParallelLMLoss:
 
     def __call__(self, inner: Callable, *args: Any, **kwargs: Any) -> Any:
         model = _bound_module(inner)
-        bound = inspect.signature(type(model).forward).bind_partial(model, *args, **kwargs)
-        call = dict(bound.arguments)
-        call.pop("self", None)
-        call.update(call.pop("kwargs", {}))  # a **kwargs parameter: its items are keywords
+        sig = inspect.signature(type(model).forward)
+        call = dict(sig.bind_partial(model, *args, **kwargs).arguments)
+        for i, (name, param) in enumerate(sig.parameters.items()):
+            if i == 0:
+                call.pop(name, None)  # the module itself
+            elif param.kind is inspect.Parameter.VAR_KEYWORD:
+                call.update(call.pop(name, {}))  # **kwargs: its items are keywords
         labels = call.pop("labels", None)
         if labels is None:
             return inner(*args, **kwargs)
