@@ -180,10 +180,10 @@ class Schedule:
             return False
         return True
 
-    def _suggest(self, path: str, found: "Schedule", done: str) -> str:
+    def _suggest(self, path: str, found: Optional["Schedule"] = None, done: str = "") -> str:
         """Close names under the deepest part of ``path`` that exists (``found`` at ``done``),
         else anywhere in this schedule's subtree."""
-        if done:
+        if found is not None and done:
             rest = path[len(done) + 1:]
             under = [n for n, _ in found.mod.named_modules() if n]
             close = difflib.get_close_matches(rest, under, n=3, cutoff=0.5)
