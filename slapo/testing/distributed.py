@@ -62,9 +62,11 @@ def _rank_main(fn, args, kwargs, rank, world_size, tmpdir, backend, threads):
                                 rank=rank, world_size=world_size)
         result = fn(*args, **kwargs)
     except BaseException:  # noqa: BLE001 - report everything to the parent
-        # Report first: tearing down the group would make the other ranks fail too, and their
-        # (secondary) errors must not arrive before this one.
-        _write_result(out_path, ("error", traceback.format_exc()))
+        # Report first: tearing down the group would make the other ranks fail too. The time of
+        # the failure travels with it: secondary errors may be *read* first (the parent polls
+        # the ranks in order), so the parent orders failures by when they happened.
+        failed = time.time()
+        _write_result(out_path, ("error", traceback.format_exc(), failed))
         os._exit(1)
     dist.destroy_process_group()
     _write_result(out_path, ("ok", result))
@@ -98,8 +100,8 @@ def run_distributed(
     ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` variables are set.
 
     Raises:
-        RankFailure: a rank raised (its traceback is in the message); the first failing rank
-            by completion time is reported.
+        RankFailure: a rank raised (its traceback is in the message); the rank that failed
+            first (by the time of its exception) is reported.
         DistributedTimeout: not all ranks finished within ``timeout`` seconds.
     """
     if world_size < 1:
@@ -144,6 +146,9 @@ def run_distributed(
                 )
             time.sleep(0.02)
         errors = [(r, results[r][1]) for r in order if results[r][0] == "error"]
+        # earliest failure first (ranks that died without reporting: when they were noticed)
+        when = {r: results[r][2] if len(results[r]) > 2 else float("inf") for r, _ in errors}
+        errors.sort(key=lambda e: when[e[0]])
         if errors:
             rank, tb = errors[0]  # the first rank to fail is usually the cause
             others = [r for r, _ in errors[1:]] + sorted(set(range(world_size)) - set(results))
