@@ -259,15 +259,34 @@ def _install(sch, mode: str, op: str, axis: Optional[int], tpog: bool,
         mod.register_forward_hook(PostHook(sync_op))
     elif mode == "fwd_pre":
         mod.register_forward_pre_hook(PreHook(sync_op, _first_param(mod)), with_kwargs=True)
+    elif type(mod) is nn.Linear or is_hf_conv1d(mod):  # bwd_post, overlapped with dW
+        _grad_sync_in_linear(sch)
     else:  # bwd_post: wrap the first input so its gradient is all-reduced
         mod.register_forward_pre_hook(PreHook(sync_op, _first_param(mod)), with_kwargs=True)
     sch.metadata.setdefault("sync", []).append(record)
 
 
+def _swap(sch, new: nn.Module) -> None:
+    """Put ``new`` (the same Parameters in a module with the sync built in) at ``sch``'s path."""
+    from ..trace.original import keep_original
+
+    mod = sch.mod
+    keep_original(mod, new)  # delayed init initialises it as the Linear it stands for
+    sch.replace(new, check_signature=False)
+    copy_forward_wrappers(mod, new)
+
+
+def _grad_sync_in_linear(sch) -> None:
+    """Column-parallel Linear/Conv1D: all-reduce the input gradient while the weight gradient
+    is computed (:class:`slapo.op.linear.LinearWithGradSync`)."""
+    from ..op.linear import LinearWithGradSync
+
+    _swap(sch, LinearWithGradSync.from_module(sch.mod, sch.group))
+
+
 def _sync_before_bias(sch, sync_op: SyncOp, call: str) -> None:
     """Row-parallel Linear/Conv1D with a bias: reduce the bias-free product, then add the bias."""
     from ..op.linear import LinearWithSync
-    from ..trace.original import keep_original
 
     mod = sch.mod
     if isinstance(mod, LinearWithSync):
@@ -279,10 +298,7 @@ def _sync_before_bias(sch, sync_op: SyncOp, call: str) -> None:
                         "reduction form", path=sch.path, call=call, module=mod,
                         hint="shard only bias-free modules on their input axis, or replace the "
                         "module by one that adds its bias after a reduction")
-    new = LinearWithSync.from_module(mod, sync_op)
-    keep_original(mod, new)  # delayed init initialises it as the Linear it stands for
-    sch.replace(new, check_signature=False)
-    copy_forward_wrappers(mod, new)
+    _swap(sch, LinearWithSync.from_module(mod, sync_op))
 
 
 def _sync_fn(sch, mode: str, fn: Callable, kwargs: dict, error) -> None:

@@ -44,7 +44,7 @@ def schedule_gpt2(sch):
         row(sch[f"{h}.mlp.c_proj"], axis=0)
     attn = sch["transformer.h.0.attn"].mod
     assert (attn.num_heads, attn.embed_dim, attn.split_size) == (2, 16, 16)
-    assert sch["transformer.h.0.attn.c_attn"].mod.nf == 48
+    assert sch["transformer.h.0.attn.c_attn"].mod.weight.shape[1] == 48  # Conv1D: [in, out]
 
 
 def schedule_llama(sch):

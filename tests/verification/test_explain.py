@@ -7,7 +7,7 @@ BertLayer at 'bert.encoder.layer.0': 7 of 18 modules changed
   attention.self.key (Linear 32->16): shard weight [32, 32]->[16, 32] axis 0, bias [32]->[16] axis 0; output partition(axis=-1)
   attention.self.value (Linear 32->16): shard weight [32, 32]->[16, 32] axis 0, bias [32]->[16] axis 0; output partition(axis=-1)
   attention.output.dense (LinearWithSync): replaced Linear -> LinearWithSync; shard weight [32, 32]->[32, 16] axis 1; sync fwd_post all_reduce; output replicated
-  intermediate.dense (Linear 32->32): shard weight [64, 32]->[32, 32] axis 0, bias [64]->[32] axis 0; sync bwd_post all_reduce; output partition(axis=-1)
+  intermediate.dense (LinearWithGradSync): replaced Linear -> LinearWithGradSync; shard weight [64, 32]->[32, 32] axis 0, bias [64]->[32] axis 0; sync bwd_post all_reduce; output partition(axis=-1)
   output.dense (LinearWithSync): replaced Linear -> LinearWithSync; shard weight [32, 64]->[32, 32] axis 1; sync fwd_post all_reduce; output replicated"""  # noqa: E501
 
 
