@@ -158,6 +158,23 @@ def replace_residual_norm(sch: Schedule, path: str, cfg: ScheduleConfig, how: An
     return True
 
 
+def fast_dropout(sch: Schedule) -> List[str]:
+    """Swap every ``nn.Dropout`` with ``p > 0`` (exactly that class) of the model for the op
+    library's :class:`slapo.op.dropout.Dropout` (same ``p``, cheaper mask on the CPU), keeping
+    its forward wrappers (e.g. ``fork_rng``); returns the paths."""
+    from ..op.dropout import Dropout
+    from ..runtime.forward_wrap import copy_forward_wrappers
+
+    paths = [path for path, mod in sch.mod.named_modules()
+             if type(mod) is nn.Dropout and mod.p > 0]
+    for path in paths:
+        node = sch[path]
+        old = node.mod
+        node.replace(Dropout.from_module(old))
+        copy_forward_wrappers(old, node.mod)
+    return paths
+
+
 def column_parallel(sch: Schedule, mode: TPMode, *, grad_sync: bool = True) -> None:
     """Shard a Linear (or HF Conv1D) column-wise: weight and bias on the output axis; the
     input gradient is then partial and all-reduced (``grad_sync``, not with sequence

@@ -16,7 +16,7 @@ __all__ = ["ScheduleConfig", "checkpoint_layer_ids", "make_config"]
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ATTENTION_KERNELS = ("auto", "math", "flash", "efficient", "cudnn", "eager")
 _BOOL_KNOBS = ("fuse", "sequence_parallel", "shard_embedding", "vocab_parallel_loss",
-               "delay_init")
+               "fast_dropout", "delay_init")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +39,9 @@ class ScheduleConfig:
         vocab_parallel_loss: with a vocab-parallel LM head, compute the loss on the vocab-sharded
             logits (no batch x sequence x vocabulary all-gather; the outputs' logits are this
             rank's shard); False all-gathers the logits and the model's own loss runs on them.
+        fast_dropout: swap every ``nn.Dropout`` of the scheduled model for
+            :class:`slapo.op.dropout.Dropout` (a third of the mask's cost on CPU, ``F.dropout``
+            elsewhere); False keeps the model's own.
         pipeline_cuts: layer indices after which to cut pipeline stages.
         delay_init: build replacement modules on the meta device.
         prefix: path of the backbone inside the model (e.g. "bert"); "" = detect.
@@ -52,6 +55,7 @@ class ScheduleConfig:
     sequence_parallel: bool = False
     shard_embedding: bool = True
     vocab_parallel_loss: bool = True
+    fast_dropout: bool = True
     pipeline_cuts: Tuple[int, ...] = ()
     delay_init: bool = False
     prefix: str = ""

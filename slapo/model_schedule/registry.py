@@ -85,6 +85,9 @@ def apply_schedule(model: nn.Module, name: str, model_config: Any = None,
         model_config: the model's config (default: ``model.config``).
         **knobs: ``ScheduleConfig`` fields plus the recipe's own knobs; anything else is an error.
 
+    After the recipe, ``fast_dropout`` (default on) swaps the model's ``nn.Dropout`` modules for
+    :class:`slapo.op.dropout.Dropout`.
+
     Raises:
         ConfigError: unknown recipe or knob, or an invalid knob value.
     """
@@ -96,6 +99,10 @@ def apply_schedule(model: nn.Module, name: str, model_config: Any = None,
         model = model.to(cfg.torch_dtype)
     sch = create_schedule(model, group=cfg.group)
     entry.recipe(sch, model_config, cfg, **extra)
+    if cfg.fast_dropout:
+        from .common import fast_dropout
+
+        fast_dropout(sch)
     return sch
 
 

@@ -6,7 +6,8 @@ Per block: ``{encoder,decoder}.block.N.layer.0.SelfAttention`` -> op-library
 decoder; fused QKV with ``fuse``); ``decoder.block.N.layer.1.EncDecAttention`` -> the same,
 cross (never fused). ``use_cache`` off. TP: heads (the relative-bias embedding is sharded on its
 head axis), cross attention with q and k/v column-parallel (the encoder output's gradient is
-all-reduced too), MLP ``DenseReluDense.wi`` (or gated ``wi_0``/``wi_1``) / ``wo``,
+all-reduced too), MLP ``DenseReluDense.wi`` (or gated ``wi_0``/``wi_1``) / ``wo`` (the
+dropout between them, on the sharded activation, draws per-rank masks: ``fork_rng``),
 vocab-parallel ``shared`` (and its tied copies) and ``lm_head``, with the seq2seq loss computed
 on the vocab-sharded logits (:class:`slapo.op.lm_loss.VocabParallelLMLoss`; knob
 ``vocab_parallel_loss=False`` all-gathers them for HF's loss). Checkpointing:
@@ -43,6 +44,10 @@ def schedule_t5(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
         blocks = C.layer_paths(sch, C.join(p, stack, "block")) if C.join(p, stack) in sch else []
         for block in blocks:
             C.schedule_layers(sch, cfg, mode, [block], _plan(sch, block, ff))
+            ffn_dropout = f"{block}.layer.{ff}.DenseReluDense.dropout"
+            if mode.tp and ffn_dropout in sch and sch[ffn_dropout].mod.p > 0:
+                # on the d_ff-sharded activation: each rank draws its own masks
+                sch[ffn_dropout].fork_rng()
             if ff == 2 and C.replace_attention(sch, f"{block}.layer.1.EncDecAttention", cfg,
                                                fused_qkv=False) and mode.tp:
                 C.shard_attention(sch, f"{block}.layer.1.EncDecAttention", mode)

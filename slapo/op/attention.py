@@ -21,7 +21,9 @@ Local attention over ``S >= 2w`` tokens without a user mask runs block by block 
 ``w`` queries against ``2w`` keys, ``~2Sw`` scores instead of ``S^2``); a window covering every
 key is plain causal attention (the kernels' fast causal path).
 
-Kernels (``backend``). ``"auto"`` lets torch pick (on CPU its CPU flash or math kernel);
+Kernels (``backend``). ``"auto"`` lets torch pick (on CPU its CPU flash or math kernel; with
+dropout on the CPU, where only the math kernel takes dropout, the same maths with the cheap
+dropout mask of :mod:`slapo.op.dropout`);
 ``"math"``, ``"flash"``, ``"efficient"`` and ``"cudnn"`` force one via
 ``torch.nn.attention.sdpa_kernel``. Decision: an explicit request is honoured or refused — never
 silently downgraded. ``"efficient"``/``"cudnn"`` on a non-CUDA tensor and any kernel that torch
@@ -204,6 +206,8 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torc
           **kwargs: bool) -> torch.Tensor:
     """One SDPA call on the requested kernel; a kernel that cannot run the inputs is an
     :class:`OpError` naming them (never a silent fallback)."""
+    if dropout_p > 0 and backend == "auto" and q.device.type == "cpu":
+        return _cpu_math_with_dropout(q, k, v, mask, is_causal, scale, dropout_p)
     try:
         if backend == "auto":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p,
@@ -285,12 +289,18 @@ def attention_reference(
     rows for real tokens.
     """
     groups = _check_shapes(q, k, v, "attention_reference")
-    k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     struct = structure_mask(q.shape[-2], k.shape[-2], causal=causal, window_size=window_size,
                             device=q.device)
-    mask = _merge(attn_mask, struct, q.dtype)
+    return _math(q, repeat_kv(k, groups), repeat_kv(v, groups), _merge(attn_mask, struct, q.dtype),
+                 scale, dropout_p, F.dropout)
+
+
+def _math(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+          scale: Optional[float], dropout_p: float, drop) -> torch.Tensor:
+    """matmul-softmax-(``drop``)-matmul over equal head counts; masked scores are the dtype's
+    most negative value."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if mask is not None:
         if mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
@@ -298,8 +308,23 @@ def attention_reference(
             scores = scores + mask
     probs = torch.softmax(scores, dim=-1)
     if dropout_p > 0:
-        probs = F.dropout(probs, p=dropout_p, training=True)
+        probs = drop(probs, p=dropout_p, training=True)
     return torch.matmul(probs, v)
+
+
+def _cpu_math_with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           mask: Optional[torch.Tensor], is_causal: bool, scale: Optional[float],
+                           dropout_p: float) -> torch.Tensor:
+    """What SDPA runs on the CPU with dropout (its math kernel: no CPU flash kernel takes
+    dropout), with the cheap dropout mask of :mod:`slapo.op.dropout` instead of a float
+    Bernoulli sample per score."""
+    from .dropout import dropout
+
+    groups = q.shape[1] // k.shape[1]
+    if is_causal:
+        mask = structure_mask(q.shape[-2], k.shape[-2], causal=True, window_size=None,
+                              device=q.device)
+    return _math(q, repeat_kv(k, groups), repeat_kv(v, groups), mask, scale, dropout_p, dropout)
 
 
 class AttentionOp(nn.Module):
