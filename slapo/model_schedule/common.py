@@ -158,6 +158,21 @@ def replace_residual_norm(sch: Schedule, path: str, cfg: ScheduleConfig, how: An
     return True
 
 
+RMS_NORMS = ("T5LayerNorm", "LlamaRMSNorm")
+
+
+def fuse_rms_norms(sch: Schedule) -> List[str]:
+    """Replace every HF RMSNorm (``T5LayerNorm``, ``LlamaRMSNorm``) of the model by the op
+    library's one-function :class:`slapo.op.rms_norm.RMSNorm` (same ``weight``); returns the
+    paths."""
+    from ..op.rms_norm import RMSNorm
+
+    paths = [path for path, mod in sch.mod.named_modules() if type(mod).__name__ in RMS_NORMS]
+    for path in paths:
+        sch[path].replace(RMSNorm.from_hf(sch[path].mod))
+    return paths
+
+
 def fast_dropout(sch: Schedule) -> List[str]:
     """Swap every ``nn.Dropout`` with ``p > 0`` (exactly that class) of the model for the op
     library's :class:`slapo.op.dropout.Dropout` (same ``p``, cheaper mask on the CPU), keeping

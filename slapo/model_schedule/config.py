@@ -28,7 +28,8 @@ class ScheduleConfig:
         dtype: "fp32", "fp16" or "bf16"; the model is cast before scheduling.
         attn_kernel: attention kernel of the op library ("auto" lets torch pick; "eager" keeps
             the model's own attention).
-        fuse: apply operator fusions where they are numerically exact.
+        fuse: apply operator fusions where they are numerically exact (fused QKV projections;
+            T5's and LLaMA's RMSNorms as one autograd function).
         ckpt_ratio: fraction of layers to checkpoint: exactly round(L * ratio) layers, evenly
             spaced (see ``checkpoint_layer_ids``).
         sequence_parallel: shard activations along the sequence axis between TP regions

@@ -3,7 +3,8 @@ gated SiLU MLP.
 
 Per layer ``model.layers.N``: ``self_attn`` -> op-library SDPA attention (rotary cos/sin from
 the model's ``rotary_emb``, GQA; fused QKV with ``fuse``, grouped per kv head so a TP shard
-keeps whole groups); ``use_cache`` off. TP (the size must divide the kv heads): heads, MLP
+keeps whole groups); RMSNorms -> the op library's one-function ``RMSNorm`` with ``fuse``;
+``use_cache`` off. TP (the size must divide the kv heads): heads, MLP
 ``gate_proj``/``up_proj`` (column, one gradient all-reduce at ``mlp``) / ``down_proj`` (row),
 vocab-parallel ``embed_tokens``, ``lm_head`` (untied by default) with the vocab-parallel causal
 loss. Sequence parallelism as for GPT-2 around ``input_layernorm``/``post_attention_layernorm``
@@ -33,6 +34,8 @@ def schedule_llama(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
     p = C.backbone(sch, cfg, "layers", ("model", ""), "llama")
     layers = C.layer_paths(sch, C.join(p, "layers"))
     C.schedule_layers(sch, cfg, mode, layers, PLAN)
+    if cfg.fuse:
+        C.fuse_rms_norms(sch)
     if mode.tp and cfg.shard_embedding:
         C.shard_embedding(sch, [C.join(p, "embed_tokens")])
         if "lm_head" in sch:

@@ -4,7 +4,8 @@ attention.
 Per block: ``{encoder,decoder}.block.N.layer.0.SelfAttention`` -> op-library
 ``HFT5Attention`` (unscaled scores, relative position bias added to the mask, causal in the
 decoder; fused QKV with ``fuse``); ``decoder.block.N.layer.1.EncDecAttention`` -> the same,
-cross (never fused). ``use_cache`` off. TP: heads (the relative-bias embedding is sharded on its
+cross (never fused); every ``T5LayerNorm`` -> the op library's one-function ``RMSNorm`` with
+``fuse``. ``use_cache`` off. TP: heads (the relative-bias embedding is sharded on its
 head axis), cross attention with q and k/v column-parallel (the encoder output's gradient is
 all-reduced too), MLP ``DenseReluDense.wi`` (or gated ``wi_0``/``wi_1``) / ``wo`` (the
 dropout between them, on the sharded activation, draws per-rank masks: ``fork_rng``),
@@ -52,6 +53,8 @@ def schedule_t5(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                                                fused_qkv=False) and mode.tp:
                 C.shard_attention(sch, f"{block}.layer.1.EncDecAttention", mode)
         stacks.append(blocks)
+    if cfg.fuse:
+        C.fuse_rms_norms(sch)
     if mode.tp and cfg.shard_embedding:
         C.shard_embedding(sch, [C.join(p, n) for n in
                                 ("shared", "encoder.embed_tokens", "decoder.embed_tokens")
