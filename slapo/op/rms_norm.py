@@ -2,9 +2,10 @@
 
 HF's RMSNorms are written as six tensor operations (``pow``, ``mean``, ``add``, ``rsqrt`` and two
 ``mul``), so autograd runs about fifteen element-wise passes over the activation per forward and
-backward. :func:`rms_norm` computes the same maths in float32 with a fused reduction (``linalg.vector_norm``, ``linalg.vecdot``) and a hand-written backward: half
-the time of HF's module on the CPU (2026-12-01, one core, ``[4, 256, 512]`` fp32, forward +
-backward: 3.7 vs 7.6 ms).
+backward. :func:`rms_norm` computes the same maths in float32 with fused reductions
+(``linalg.vector_norm``, ``linalg.vecdot``) and a hand-written backward: half the time of HF's
+module on the CPU (2026-12-01, one core, ``[4, 256, 512]`` fp32, forward + backward: 3.7 vs
+7.6 ms).
 
 Other dtypes take the HF module's own maths, operation for operation (the reduction in float32
 even for float64 inputs, then the family's cast: T5 casts the normalised activation to the
