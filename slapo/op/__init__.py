@@ -4,9 +4,12 @@ Attention (``attention``, ``AttentionOp``, ``SelfAttention``, HF adapters via
 ``attention_from_hf``), fused element-wise ops (``bias_gelu``, ``bias_dropout_residual`` ...),
 MLPs (``MLP``, ``GatedMLP``, ``mlp_from_hf``), the fused sub-layer epilogue of BERT/RoBERTa
 (``DenseDropoutResidualNorm``, ``residual_norm_from_hf``), conv+BatchNorm folding for inference
-(``fuse_conv_bn``, ``fuse_conv_bn_split``, ``ChannelBias``), a debugging identity that logs
-tensor statistics on every rank (``TensorLog``, ``insert_log``). Used with
-``sch[path].replace(...)``.
+(``fuse_conv_bn``, ``fuse_conv_bn_split``, ``ChannelBias``), a dropout with a cheap CPU mask
+(``Dropout``, ``dropout``), a one-function RMSNorm (``RMSNorm``, ``rms_norm``), the
+tensor-parallel Linears that ``sync`` puts in place (``LinearWithSync``: bias after the
+reduction; ``LinearWithGradSync``: input-gradient all-reduce overlapped with the weight
+gradient), a debugging identity that logs tensor statistics on every rank (``TensorLog``,
+``insert_log``). Used with ``sch[path].replace(...)``.
 Builders from HF modules record the parameter provenance ``slapo.verify`` uses
 (:mod:`slapo.provenance`).
 """
@@ -22,6 +25,7 @@ from .attention import (
 )
 from .conv_bn import ChannelBias, fold_conv_bn, fuse_conv_bn, fuse_conv_bn_split
 from .debug import TensorLog, insert_log, tensor_summary
+from .dropout import Dropout, dropout
 from .fused import (
     FusedBiasDropoutResidual,
     FusedBiasGeLU,
@@ -44,7 +48,9 @@ from .hf_attention import (
 )
 from .hf_t5_attention import HFT5Attention
 from .mlp import MLP, DenseActivation, GatedMLP, mlp_from_hf
+from .linear import LinearWithGradSync, LinearWithSync
 from .residual_norm import DenseDropoutResidualNorm, residual_norm_from_hf
+from .rms_norm import RMSNorm, rms_norm
 from .self_attention import SelfAttention, apply_rotary, fuse_qkv, split_qkv
 
 __all__ = [
@@ -60,6 +66,7 @@ __all__ = [
     "DenseDropoutResidualNorm", "residual_norm_from_hf",
     "fuse_conv_bn", "fuse_conv_bn_split", "fold_conv_bn", "ChannelBias",
     "TensorLog", "insert_log", "tensor_summary",
+    "Dropout", "dropout", "RMSNorm", "rms_norm", "LinearWithSync", "LinearWithGradSync",
 ]
 
 # Ops of the original Slapo that are spelled differently here (docs/porting.md).

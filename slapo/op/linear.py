@@ -73,15 +73,14 @@ class LinearWithSync(nn.Module):
 
 class _LinearGradAllReduce(torch.autograd.Function):
     """``x @ W^T + b`` whose backward all-reduces ``dL/dx`` over ``group`` while it computes
-    ``dL/dW`` and ``dL/db``. Under autocast, the backward runs in the forward's autocast state."""
+    ``dL/dW`` and ``dL/db``. Under autocast the inputs are cast as ``F.linear`` would cast them
+    and the backward computes in that dtype (autograd casts the gradients to the inputs')."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, group, transposed):
         device = x.device.type
-        enabled = torch.is_autocast_enabled(device)
-        ctx.autocast = (device, enabled, torch.get_autocast_dtype(device) if enabled else None)
-        if enabled:  # run (and save) in the autocast dtype, as F.linear would
-            dtype = ctx.autocast[2]
+        if torch.is_autocast_enabled(device):  # run (and save) in the autocast dtype, as
+            dtype = torch.get_autocast_dtype(device)  # F.linear would; backward follows it
             x, weight = x.to(dtype), weight.to(dtype)
             bias = None if bias is None else bias.to(dtype)
         with torch.autocast(device, enabled=False):
