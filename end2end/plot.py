@@ -17,7 +17,8 @@ marks a system of the figure with no row there ("not run", e.g. no Megatron-LM R
 system of a group (the Figure-7 four; the CPU pair eager/Slapo) that appears anywhere in the
 figure keeps its slot wherever its group runs, and its legend entry. A Slapo bar carries its
 speedup over its baseline (Slapo-TP / Megatron-LM, Slapo-ZeRO3 / DeepSpeed, Slapo / Eager),
-the ratio of the medians, or "~" when it is within noise (the per-round ratios of interleaved
+the median of the per-round ratios (of the medians when rounds do not pair up), or "~" when it
+is within noise (the per-round ratios of interleaved
 repeats include 1.0; :mod:`end2end.stats`). Speedups (those pairs and best Slapo vs best
 baseline; medians with ranges) are printed. All numbers come from the results file
 (aggregation: :mod:`end2end.summary`).

@@ -3,16 +3,19 @@ they are within noise.
 
 A sweep with ``--repeat R`` measures every run R times in interleaved rounds (every line once,
 then every line again), so drift hits every system alike. :class:`Samples` holds the values of
-one run by repeat index; :meth:`Samples.ratio` compares two runs: the ratio of the medians, its
-range, and whether it is "within noise" (not a result, ``notes/design.md`` §6):
+one run by repeat index; :meth:`Samples.ratio` compares two runs: the ratio, its range, and
+whether it is "within noise" (not a result, ``notes/design.md`` §6):
 
-* rounds measured side by side pair up: the range is that of the per-round ratios, and the
-  ratio is within noise when that range includes 1.0 (one system is not ahead in every round).
-  A machine whose speed drifts between rounds widens both systems' ranges alike; the per-round
-  ratio sees through it (two bars whose ranges overlap because the whole machine slowed down in
-  one round can still be 0.86-0.89x in every round);
-* otherwise (rounds that do not match) the range is the widest the samples allow, and the ratio
-  is within noise when the two systems' min-max ranges overlap.
+* rounds measured side by side pair up: the ratio is the median of the per-round ratios, the
+  range is theirs, and the ratio is within noise when that range includes 1.0 (one system is not
+  ahead in every round). A machine whose speed drifts between rounds widens both systems' ranges
+  alike; the per-round ratio sees through it (two bars whose ranges overlap because the whole
+  machine slowed down in one round can still be 0.86-0.89x in every round), and its median is
+  the paired estimate (the ratio of the two medians mixes rounds: with six rounds at 1.06, 0.81,
+  1.33, 1.12, 1.03, 0.97 it was 0.98x, below four of the six);
+* otherwise (rounds that do not match) the ratio is that of the medians, the range the widest
+  the samples allow, and the ratio is within noise when the two systems' min-max ranges
+  overlap.
 """
 
 from __future__ import annotations
@@ -62,18 +65,19 @@ class Samples:
         repeated = len(self) > 1 and len(other) > 1
         if set(mine) == set(theirs):
             per_round = [mine[r] / theirs[r] for r in mine]
-            lo, hi = min(per_round), max(per_round)
+            value, lo, hi = statistics.median(per_round), min(per_round), max(per_round)
             noise = repeated and lo <= 1.0 <= hi
         else:
+            value = self.median / other.median
             lo, hi = self.lo / other.hi, self.hi / other.lo
             noise = repeated and self.overlaps(other)
-        return Ratio(self.median / other.median, lo, hi, noise, min(len(self), len(other)))
+        return Ratio(value, lo, hi, noise, min(len(self), len(other)))
 
 
 @dataclass(frozen=True)
 class Ratio:
-    """A speedup: the ratio of medians, the range of the ratio, whether the two measurements'
-    ranges overlap (``within_noise``) and the number of repeats behind it."""
+    """A speedup: the median of the paired per-round ratios (else the ratio of the medians), the
+    range of the ratio, whether it is within noise and the number of repeats behind it."""
 
     value: float
     lo: float

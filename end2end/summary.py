@@ -6,8 +6,9 @@ compared. A bar is one (batch, ckpt) setting of a system: rows of one system at 
 are refused, naming the clash, unless ``best`` takes the setting with the best median (each
 system at its best batch and checkpointing, as the artifact's Figure 7 does). Rows of one setting
 are repeats (the sweep's interleaved rounds, ``--repeat``): the bar is their median
-(:mod:`end2end.stats`). A speedup is the ratio of the medians; with repeats it carries the range
-of the per-round ratios and is "within noise" (``~``) when that range includes 1.0 (rounds that
+(:mod:`end2end.stats`). A speedup is the median of the per-round ratios (rounds that
+do not pair up: the ratio of the medians); with repeats it carries the range of the per-round
+ratios and is "within noise" (``~``) when that range includes 1.0 (rounds that
 do not pair up: when the two bars' ranges overlap).
 Everything here comes from the rows; nothing is a constant.
 """
