@@ -28,7 +28,7 @@ __all__ = ["main", "build_parser"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (every option documented)."""
-    from .cli import HelpFormatter, number
+    from .cli import HelpFormatter, add_workload_arguments, number
     from .runspec import MODES
 
     p = argparse.ArgumentParser(
@@ -37,13 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "pair by pair (run under torchrun).")
     p.add_argument("mode_a", choices=MODES, help="the baseline system")
     p.add_argument("mode_b", choices=MODES, help="the system compared with it (ratio B/A)")
-    p.add_argument("--model", required=True, help="a zoo name (python -m end2end.models)")
-    p.add_argument("--seq-len", type=number(int, minimum=1), required=True,
-                   help="encoder sequence length (WideResNet: 1)")
-    p.add_argument("--dec-seq-len", type=number(int, minimum=0), default=0,
-                   help="decoder sequence length (T5 only)")
-    p.add_argument("--batch-size", type=number(int, minimum=1), required=True,
-                   help="global batch (all ranks together)")
+    add_workload_arguments(p)
     p.add_argument("--steps", type=number(int, minimum=1), default=8,
                    help="timed steps of each system (default: 8)")
     p.add_argument("--warmup", type=number(int, minimum=0), default=2,

@@ -75,7 +75,7 @@ _RUN_COUNTER = itertools.count()  # distinguishes several runs in one process (t
 
 def build_parser() -> argparse.ArgumentParser:
     """The driver's command line (every option documented; numbers checked here)."""
-    from .cli import HelpFormatter, number
+    from .cli import HelpFormatter, add_workload_arguments, number
     from .runspec import MODES
 
     p = argparse.ArgumentParser(
@@ -86,13 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", required=True, choices=MODES,
                    help="system: Megatron-LM, Slapo-TP, DeepSpeed ZeRO-3, Slapo-ZeRO3, plain "
                         "PyTorch, Slapo on plain PyTorch, FSDP2, Slapo on FSDP2, DTensor TP")
-    p.add_argument("--model", required=True, help="a zoo name (python -m end2end.models)")
-    p.add_argument("--seq-len", type=number(int, minimum=1), required=True,
-                   help="encoder sequence length (WideResNet: 1)")
-    p.add_argument("--dec-seq-len", type=number(int, minimum=0), default=0,
-                   help="decoder sequence length (T5 only)")
-    p.add_argument("--batch-size", type=number(int, minimum=1), required=True,
-                   help="global batch (all ranks together)")
+    add_workload_arguments(p)
     p.add_argument("--ckpt", default="0", help="activation checkpointing as in a config line's "
                    "CKPT: a ratio in [0, 1] for Slapo modes, 0/full/selective for megatron, "
                    "0/1 for deepspeed/eager")

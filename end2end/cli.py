@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from slapo.errors import SlapoError
 
-__all__ = ["HelpFormatter", "number", "report_errors", "one_line"]
+__all__ = ["HelpFormatter", "number", "report_errors", "one_line", "add_workload_arguments"]
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -69,3 +69,15 @@ def report_errors(prog: str, run: Callable[[], int], debug: bool) -> int:
             raise
         print(f"{prog}: error: {one_line(exc)}", file=sys.stderr, flush=True)
         return 2
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """``--model``, ``--seq-len``, ``--dec-seq-len`` and ``--batch-size``: what a run trains
+    (the driver's and ``end2end.ab``'s command lines)."""
+    p.add_argument("--model", required=True, help="a zoo name (python -m end2end.models)")
+    p.add_argument("--seq-len", type=number(int, minimum=1), required=True,
+                   help="encoder sequence length (WideResNet: 1)")
+    p.add_argument("--dec-seq-len", type=number(int, minimum=0), default=0,
+                   help="decoder sequence length (T5 only)")
+    p.add_argument("--batch-size", type=number(int, minimum=1), required=True,
+                   help="global batch (all ranks together)")
