@@ -41,8 +41,8 @@ class ScheduleConfig:
             logits (no batch x sequence x vocabulary all-gather; the outputs' logits are this
             rank's shard); False all-gathers the logits and the model's own loss runs on them.
         fast_dropout: swap every ``nn.Dropout`` of the scheduled model for
-            :class:`slapo.op.dropout.Dropout` (a third of the mask's cost on CPU, ``F.dropout``
-            elsewhere); False keeps the model's own.
+            :class:`slapo.op.dropout.Dropout` (on CPU half of ``F.dropout``'s forward +
+            backward time, ``F.dropout`` elsewhere); False keeps the model's own.
         pipeline_cuts: layer indices after which to cut pipeline stages.
         delay_init: build replacement modules on the meta device.
         prefix: path of the backbone inside the model (e.g. "bert"); "" = detect.
