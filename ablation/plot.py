@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from end2end.results import ResultRow, read_results
+from end2end.results.store import ResultRow, read_results
 
 from .steps import AblationError, Step, step_of
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from end2end.results import ResultRow
+from end2end.results.store import ResultRow
 
 __all__ = ["STEPS", "Step", "step_of", "AblationError"]
 

@@ -16,7 +16,8 @@ results file: ``{"status", "throughput" (samples/s), "memory_gb" (peak per rank)
 line) that reproduces the run in a sweep. A run that wrote no row (killed, timed out) gets a
 ``fail``/``timeout`` row here, as in the sweep, so every candidate is a row. With
 ``--mem-budget-gb`` a run over the budget is an ``oom`` row (on CPU the OOM is a budget, see
-``end2end/measure.py``). Invalid arguments (a batch the ranks cannot split ...) print a ``fail``
+``end2end/driver/measure.py``). Invalid arguments (a batch the ranks cannot split ...) print a
+``fail``
 result naming the problem and write no row.
 """
 
@@ -82,11 +83,11 @@ def run_candidate(args: argparse.Namespace, bench_extra: Sequence[str]) -> Dict[
     """Launch the driver for one candidate and return its result (see the module docs)."""
     from slapo.errors import SlapoError
 
-    from end2end.config import make_run_spec
-    from end2end.knobs import format_knobs
-    from end2end.launch import single_node_command
-    from end2end.procs import run_logged, signal_death
-    from end2end.results import (ResultRow, append_result, env_columns, mark, read_results,
+    from end2end.spec.config_file import make_run_spec
+    from end2end.spec.knobs import format_knobs
+    from end2end.sweep.commands import single_node_command
+    from end2end.sweep.procs import run_logged, signal_death
+    from end2end.results.store import (ResultRow, append_result, env_columns, mark, read_results,
                                  rollback)
 
     try:
@@ -114,7 +115,7 @@ def run_candidate(args: argparse.Namespace, bench_extra: Sequence[str]) -> Dict[
         rollback(results, start)  # a peer's "connection closed" row would blame the wrong rank
     mine = rows()[before:]
     if not mine:
-        from end2end.env import env_dump
+        from end2end.results.environment import env_dump
 
         status = "timeout" if timed_out else "fail"
         reason = (f"stopped after the --timeout of {args.timeout:g} s" if timed_out else

@@ -5,7 +5,7 @@
     python scripts/env_dump.py --json     # one JSON object
     python scripts/env_dump.py --device cpu
 
-The same dict heads every results file written by end2end/results.py.
+The same dict heads every results file written by end2end/results/store.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from end2end.env import env_dump, format_env
+from end2end.results.environment import env_dump, format_env
 
 
 def main(argv=None) -> int:

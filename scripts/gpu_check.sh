@@ -3,7 +3,7 @@
 #   1. attention kernels (flash / efficient / cudnn / math) vs eager attention, bf16, fwd+bwd:
 #      speed and error (scripts/gpu_attention_check.py -> attention.tsv);
 #   2. single-GPU training, eager HF vs Slapo, bf16: BERT-large and GPT-Neo-1.3B, a few steps
-#      each (end2end/configs/gpu_check.cfg through the sweep and end2end/bench.py -> gpu_check.tsv);
+#      each (end2end/configs/gpu_check.cfg through the sweep and end2end/driver/bench.py -> gpu_check.tsv);
 #   3. a figure of both (scripts/gpu_check_figure.py -> gpu_check.png/.pdf, or .svg without
 #      matplotlib), plus env.txt.
 #

@@ -36,7 +36,7 @@ def training_bars(path: Path) -> Bars:
     bars: Bars = {}
     if not path.exists():
         return bars
-    from end2end.results import read_results
+    from end2end.results.store import read_results
 
     for row in read_results(path, check_twin=False).rows:
         value = row.thrpt if row.status == "ok" and row.thrpt else 0.0

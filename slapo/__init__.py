@@ -83,8 +83,9 @@ _ORIGINAL_NAMES = {
     "framework_dialect": "slapo.dialects (slapo.build(sch, target=...))",
     "initialization": "slapo.init_empty_weights and slapo.build(sch, init_weights=...)",
     "ScheduleMetadata": "sch.metadata (a dict keyed by primitive name)",
-    "utils": "the benchmark harness measures throughput, memory and TFLOPS (end2end/bench.py, "
-             "end2end/flops.py); test helpers are in slapo.testing",
+    "utils": "the benchmark harness measures throughput, memory and TFLOPS "
+             "(end2end/driver/bench.py, "
+             "end2end/models/flops.py); test helpers are in slapo.testing",
     "Space": "slapo.autotune.Space",
     "Symbol": "slapo.autotune.Symbol",
     "Database": "slapo.autotune.study (an Optuna study on SQLite holds the evaluations)",

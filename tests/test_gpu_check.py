@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from end2end.config import make_run_spec
-from end2end.results import ResultRow, append_result
+from end2end.spec.config_file import make_run_spec
+from end2end.results.store import ResultRow, append_result
 
 ROOT = Path(__file__).resolve().parents[1]
 

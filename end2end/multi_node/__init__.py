@@ -1,1 +1,1 @@
-"""Figure 8 (multi-node) launch scripts; see end2end/README.md."""
+"""The command name ``python -m end2end.multi_node.launch`` (:mod:`end2end.sweep.multi_node`)."""

@@ -1,5 +1,5 @@
 """WideResNet (torchvision-style ``ResNet`` of ``Bottleneck`` blocks, e.g.
-``end2end.wideresnet.WideResNetForImageClassification``; backbone ``model`` or the root).
+``end2end.models.wideresnet.WideResNetForImageClassification``; backbone ``model`` or the root).
 
 No attention to replace. TP per block ``layerK.i`` (Megatron-style over channels):
 ``conv1`` output channels + ``bn1`` (column, input gradient all-reduced), ``conv2`` input

@@ -14,7 +14,7 @@ depends on its heap layout: the same 20-step script saw 10k or 160k faults from 
 carved from the heap and stay there after ``free``: the next step reuses them without a fault
 (what the CUDA caching allocator does on a GPU). The cost is the same as there: the process's
 resident memory stays at its peak instead of shrinking between steps. Benchmarks apply it to
-every system they compare alike (``end2end/bench.py``, ``scripts/bench_model_schedules.py``).
+every system they compare alike (``end2end/driver/bench.py``, ``scripts/bench_model_schedules.py``).
 """
 
 from __future__ import annotations

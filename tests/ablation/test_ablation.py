@@ -10,9 +10,9 @@ import pytest
 
 from ablation.plot import format_table, main as plot_main, summarise
 from ablation.steps import STEPS, AblationError, step_of
-from end2end.config import load_runs, make_run_spec
-from end2end.results import ResultRow, append_result, read_results
-from end2end.sweep import run_sweep
+from end2end.spec.config_file import load_runs, make_run_spec
+from end2end.results.store import ResultRow, append_result, read_results
+from end2end.sweep.single_node import run_sweep
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "ablation" / "configs").glob("*.cfg"))
 

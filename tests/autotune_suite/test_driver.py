@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from autotune.driver import build_parser, config_text, run_candidate
-from end2end.config import make_run_spec
-from end2end.measure import MemoryBudgetExceeded, check_memory_budget, is_oom
-from end2end.results import read_results
+from end2end.spec.config_file import make_run_spec
+from end2end.driver.measure import MemoryBudgetExceeded, check_memory_budget, is_oom
+from end2end.results.store import read_results
 from slapo.autotune import load_records
 from slapo.autotune.cli import load_space_file
 

@@ -6,14 +6,22 @@ import argparse
 
 import pytest
 
-from end2end import bench, models, plot, sweep
+from end2end.driver import bench
+from end2end.models import listing as models
+from end2end.results import plot
+from end2end.sweep import single_node as sweep
 
 
-@pytest.mark.parametrize("module", [sweep, bench, plot, models], ids=lambda m: m.__name__)
-def test_every_option_is_documented_with_choices_and_defaults(module):
+COMMANDS = {"end2end.sweep": sweep, "end2end.bench": bench, "end2end.plot": plot,
+            "end2end.models": models}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_option_is_documented_with_choices_and_defaults(command):
+    module = COMMANDS[command]
     parser = module.build_parser()
     text = parser.format_help()
-    assert parser.prog == f"python -m {module.__name__}"
+    assert parser.prog == f"python -m {command}"
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):
             continue

@@ -67,7 +67,7 @@ def compare_training(ref: nn.Module, model: nn.Module, inputs: Dict[str, Any], *
 def wideresnet(seed: int = 0) -> nn.Module:
     """A tiny WideResNet in float64: train-mode BatchNorm over a batch of 2 amplifies float32
     rounding (channel-split convolutions sum in another order) beyond fp32 tolerances."""
-    from end2end.wideresnet import WideResNetForImageClassification
+    from end2end.models.wideresnet import WideResNetForImageClassification
 
     torch.manual_seed(seed)
     return WideResNetForImageClassification([1, 2, 1, 1], width_per_group=16,

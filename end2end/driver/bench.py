@@ -1,0 +1,424 @@
+"""The benchmark driver: one training run of one mode, measured in-process, one results row.
+
+    torchrun --standalone --nproc_per_node N -m end2end.bench \\
+        --mode MODE --model MODEL --seq-len S --dec-seq-len D --batch-size B --ckpt C \\
+        --results FILE [--steps 40] [--warmup 5] [--dtype fp32|fp16|bf16] \\
+        [--tp T] [--pp P] [--micro-batch-size M] [--device cpu|cuda] \\
+        [--peak-tflops X] [--gemm-seconds 0.5] [--knob NAME=VALUE ...] [--repeat R] \\
+        [--mem-budget-gb X]
+
+(``end2end.sweep`` and ``end2end.sweep.commands`` build this command line from a config line; a
+plain
+``python -m end2end.bench ...`` is a one-rank run.) Every mode goes through the same code:
+
+1. the arguments become a validated :class:`~end2end.spec.config_file.RunSpec` (``make_run_spec``,
+with
+   ``n`` = the world size);
+2. the mode's runtime is imported and a memory baseline taken; the machine's GEMM rate is
+   measured on all ranks at once (after a barrier; ranks share a CPU host): the best of five
+   windows per rank, averaged over ranks, unless ``--peak-tflops`` gives it (e.g. measured once
+   per sweep);
+3. the model is built from the zoo (:mod:`end2end.models`, random weights, no downloads); the
+   Slapo modes get their model schedule (:mod:`slapo.model_schedule`: op-library SDPA
+   attention, fusion, ``ckpt_ratio`` = CKPT; TP = the world size for ``slapo-megatron`` and
+   ``slapo``, no TP under ZeRO-3 for ``slapo-deepspeed`` and FSDP2 for ``slapo-fsdp`` (unless
+   ``--tp``: TP x FSDP); with ``--pp`` also the stage cuts;
+   ``--knob NAME=VALUE`` adds recipe knobs, :mod:`end2end.spec.knobs`), and
+   :func:`end2end.driver.runtimes.make_runner` wraps it in the mode's runtime;
+4. ``warmup`` steps run untimed (compilations, e.g. of ``torch.compile`` fusions, happen there:
+   the JSON twin's ``extra.build_seconds`` and ``extra.warmup_times`` report them apart), then
+   ``steps`` timed steps (:class:`~end2end.driver.measure.StepTimer`: device sync + barrier around
+   the
+   window, the slowest rank's time);
+5. rank 0 appends one row: samples/s (global batch x steps / time), step time, peak memory per
+   rank (:class:`~end2end.driver.measure.PeakMemory`: CUDA max allocated, or on CPU the resident-set
+   high-water mark over a post-import baseline), parameters stored per rank, model TFLOP/s per
+   rank and MFU (:mod:`end2end.models.flops`), versions, commit, device, world/TP/PP/DP, status.
+
+**Failures.** An exception on any rank becomes a row written by that rank: ``oom`` for an
+out-of-memory error, else ``fail`` with the message (full traceback in the JSON twin). A key in
+the job's rendezvous store makes sure only the first writer of a run writes, so a run has exactly
+one row. The process then exits with status 1 (``torchrun`` stops the other ranks) so the sweep
+sees it too. ``SLAPO_BENCH_FAULT`` injects faults for tests (:mod:`end2end.driver.measure`).
+``--mem-budget-gb X`` makes a run whose peak memory per rank exceeds ``X`` GB an ``oom`` row,
+like a CUDA OOM (on CPU the OOM is this budget; on CUDA the allocator is capped at it too).
+
+Batches: a data-parallel rank trains on ``B / DP`` samples, tensor-parallel ranks on the same
+batch (DP = n for ``deepspeed``/``slapo-deepspeed``/``eager``/``fsdp``/``slapo-fsdp``, TP = n for
+the others, see
+``RunSpec.parallel_sizes``); the batch is synthetic (``make_inputs``) and reused every step.
+
+Pipelines (``--pp P`` > 1; :mod:`end2end.driver.pipeline_plan`): ``slapo`` (torch pipeline dialect)
+and
+``slapo-deepspeed`` (DeepSpeed ``PipelineModule``) cut the model's layers into ``P`` even stages
+through the recipe's ``pipeline_cuts``/``example_inputs`` knobs; the world is TP x DP x PP
+(``--tp``, default 1), every rank of a replica gets the replica's batch, split into micro-batches
+(``--micro-batch-size``; default ``P`` of them when they divide). Other modes refuse ``--pp`` with
+a ``ConfigError`` (a ``fail`` row) naming what to use instead. Throughput, memory, parameters per
+rank (the rank's stage) and FLOPs are measured exactly as for the other modes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import itertools
+import os
+import sys
+import time
+import traceback
+from dataclasses import replace
+from typing import Any, Dict, Optional, Sequence
+
+__all__ = ["run_bench", "spec_from_args", "parse_args", "main", "DEFAULTS"]
+
+DEFAULTS = dict(steps=40, warmup=5, dtype="fp32")
+_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+_RUN_COUNTER = itertools.count()  # distinguishes several runs in one process (tests)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The driver's command line (every option documented; numbers checked here)."""
+    from end2end.cli import HelpFormatter, add_workload_arguments, number
+    from end2end.spec.runspec import MODES
+
+    p = argparse.ArgumentParser(
+        prog="python -m end2end.bench", formatter_class=HelpFormatter,
+        description="Train one benchmark run and append its row to --results (under torchrun: "
+                    "one process per rank). Invalid arguments exit 2 without a row; a failed "
+                    "run is a fail/oom row and exit 1.")
+    p.add_argument("--mode", required=True, choices=MODES,
+                   help="system: Megatron-LM, Slapo-TP, DeepSpeed ZeRO-3, Slapo-ZeRO3, plain "
+                        "PyTorch, Slapo on plain PyTorch, FSDP2, Slapo on FSDP2, DTensor TP")
+    add_workload_arguments(p)
+    p.add_argument("--ckpt", default="0", help="activation checkpointing as in a config line's "
+                   "CKPT: a ratio in [0, 1] for Slapo modes, 0/full/selective for megatron, "
+                   "0/1 for deepspeed/eager")
+    p.add_argument("--results", required=True, help="results TSV to append the row to")
+    p.add_argument("--steps", type=number(int, minimum=1), default=None,
+                   help=f"timed training steps, >= 1 (default: {DEFAULTS['steps']})")
+    p.add_argument("--warmup", type=number(int, minimum=0), default=None,
+                   help=f"untimed steps before them, >= 0 (default: {DEFAULTS['warmup']})")
+    p.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
+                   help=f"parameter/activation dtype (default: {DEFAULTS['dtype']})")
+    p.add_argument("--tp", type=number(int, minimum=1), default=None,
+                   help="tensor-parallel size (default: the mode's layout, see README)")
+    p.add_argument("--pp", type=number(int, minimum=1), default=None,
+                   help="pipeline stages; > 1 pipelines the slapo/slapo-deepspeed modes "
+                        "(default: 1)")
+    p.add_argument("--micro-batch-size", type=number(int, minimum=1), default=None,
+                   help="micro-batch per rank (megatron modes, pipelines; default: P "
+                        "micro-batches when they divide the rank's batch, else one)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="training device (default: CUDA when available)")
+    p.add_argument("--peak-tflops", type=number(float, above=0), default=None,
+                   help="per-rank peak TFLOP/s for MFU; skips the in-run GEMM measurement "
+                        "(default: measured)")
+    p.add_argument("--gemm-seconds", type=number(float, above=0), default=0.5,
+                   help="duration of the in-run GEMM-rate measurement")
+    p.add_argument("--knob", action="append", default=[], metavar="NAME=VALUE",
+                   help="a model-schedule knob of the Slapo modes (repeatable), e.g. "
+                   "shard_embedding=False; recorded in the Knobs column and the run's key")
+    p.add_argument("--repeat", type=number(int, minimum=0), default=0,
+                   help="index of an interleaved repeat (part of the run's key)")
+    p.add_argument("--mem-budget-gb", type=number(float, above=0), default=None,
+                   help="peak memory per rank allowed (GB); above it the run is an oom row, "
+                   "like a CUDA OOM (CPU: the OOM is this budget; CUDA: the allocator is also "
+                   "capped at it). Default: no budget")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="after the timed steps, profile one more step on every rank and write "
+                   "DIR/<run>.rank<R>.json/.txt (self time per op; compare runs with python -m "
+                   "end2end.profiling)")
+    p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
+                   help="CPU: leave glibc's malloc thresholds alone (default: "
+                   "slapo.keep_freed_memory(), the same for every mode)")
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """Parse the driver's command line (exit 2 with a message on a bad value)."""
+    return build_parser().parse_args(argv)
+
+
+def spec_from_args(args: argparse.Namespace, world_size: int):
+    """The validated RunSpec of the command line, with defaults filled in."""
+    from end2end.spec.config_file import make_run_spec
+
+    spec = make_run_spec(args.mode, args.model, world_size, args.seq_len, args.dec_seq_len,
+                         args.batch_size, args.ckpt, steps=args.steps, warmup=args.warmup,
+                         dtype=args.dtype, tp=args.tp, pp=args.pp,
+                         micro_batch=args.micro_batch_size, repeat=args.repeat)
+    spec = replace(spec, knobs=_knob_text(args.knob))  # checked in the run: a bad knob is a row
+    return replace(spec, **{k: v for k, v in DEFAULTS.items() if getattr(spec, k) is None})
+
+
+def _knob_text(items: Sequence[str]) -> str:
+    """The canonical knob text, or (when the knobs do not even parse) the items as typed, so
+    that the failed run still has a key and a row."""
+    from slapo.errors import ConfigError
+
+    from end2end.spec.knobs import format_knobs
+
+    try:
+        return format_knobs(items)
+    except ConfigError:
+        return ",".join(sorted(items))
+
+
+def _import_runtime(mode: str) -> None:
+    """Import the mode's framework before the memory baseline (its code is not model memory)."""
+    if mode.endswith("deepspeed"):
+        from slapo.dialects.compat.deepspeed_startup import import_deepspeed
+
+        import_deepspeed()
+    elif mode.endswith("megatron"):
+        import megatron.core  # noqa: F401
+
+
+def _layout(spec) -> Dict[str, int]:
+    """TP/PP/DP, this rank's batch and the number of micro-batches; ConfigError if unsupported."""
+    from slapo.errors import ConfigError
+
+    from end2end.driver.pipeline_plan import check_pipeline_mode, default_micro_batch
+
+    tp, pp, dp = spec.parallel_sizes
+    check_pipeline_mode(spec.mode, pp)
+    if tp > 1 and spec.framework != "megatron" and pp == 1 and spec.mode != "slapo-fsdp" \
+            and not (spec.mode in ("slapo", "dtensor-tp") and tp == spec.n):
+        raise ConfigError(f"tp={tp} is not available in mode {spec.mode!r}",
+                          call="end2end.bench", hint="TP runs under the megatron modes and "
+                          "'slapo-fsdp' (any tp dividing n), 'slapo' and 'dtensor-tp' (tp = n), "
+                          "or a pipeline (--pp > 1) of 'slapo'/'slapo-deepspeed' (any tp)")
+    if spec.n % (tp * pp):
+        raise ConfigError(f"tp={tp} x pp={pp} does not divide the {spec.n} ranks",
+                          call="end2end.bench", hint="choose tp and pp dividing the world size")
+    if spec.batch_size % dp:
+        raise ConfigError(f"global batch {spec.batch_size} is not divisible by the "
+                          f"{dp} data-parallel ranks", call="end2end.bench",
+                          hint="choose a batch that is a multiple of the DP size")
+    local = spec.batch_size // dp
+    micro = spec.micro_batch or default_micro_batch(local, pp)
+    if local % micro:
+        raise ConfigError(f"the per-rank batch {local} is not a multiple of micro-batch {micro}",
+                          call="end2end.bench")
+    if micro != local and spec.framework != "megatron" and pp == 1:
+        raise ConfigError("micro-batches (gradient accumulation) are implemented for the "
+                          "megatron modes and pipelines (--pp > 1) only", call="end2end.bench",
+                          hint="drop --micro-batch-size")
+    return dict(tp=tp, pp=pp, dp=dp, local_batch=local, micro_batch=micro,
+                microbatches=local // micro)
+
+
+def _make_runner(spec, layout: Dict[str, int], torch_dtype, device):
+    from end2end.spec.knobs import parse_knobs
+    from end2end.models import build_hf_config, build_model, get_model_spec, make_inputs
+    from end2end.driver.pipeline_plan import deepspeed_pipeline_config, pipeline_knobs
+    from end2end.driver.runtimes import ModelSchedule, make_runner
+
+    model_spec = get_model_spec(spec.model)
+    if spec.mode == "megatron":
+        target = build_hf_config(model_spec)
+    else:  # built where it trains: initialising a 1B model on the host takes long
+        target = build_model(model_spec, seed=0, device=device)
+    schedule = None
+    if spec.is_slapo:
+        knobs: Dict[str, Any] = dict(parse_knobs(spec.knobs), ckpt_ratio=spec.ckpt_ratio or 0.0)
+        if layout["pp"] > 1:  # even stages, traced with one micro-batch of the run's shapes
+            example = make_inputs(model_spec, layout["micro_batch"], spec.seq_len,
+                                  spec.dec_seq_len, device=device, dtype=torch_dtype)
+            knobs.update(pipeline_knobs(model_spec, layout["pp"], example))
+        schedule = ModelSchedule(model_spec.schedule, knobs)
+    ckpt = spec.ckpt if spec.mode == "megatron" else spec.ckpt != "0"
+    if layout["pp"] > 1:
+        ds_config = deepspeed_pipeline_config(layout["micro_batch"], layout["microbatches"])
+    else:
+        ds_config = {"train_micro_batch_size_per_gpu": layout["local_batch"],
+                     "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
+                     "zero_optimization": {"stage": 3}}
+    return make_runner(spec.mode, target, schedule=schedule, ckpt=ckpt,
+                       deepspeed_config=ds_config, num_microbatches=layout["microbatches"],
+                       seed=0, dtype=torch_dtype, tensor_parallel=layout["tp"],
+                       pipeline_parallel=layout["pp"])
+
+
+def _claim_row(run_id: int) -> bool:
+    """True for the first rank of this job to claim the run's row (rendezvous store)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            store = dist.distributed_c10d._get_default_store()
+            return store.add(f"end2end.bench/row/{run_id}", 1) == 1
+        except Exception:  # noqa: BLE001  (no store reachable: fall back to rank 0)
+            pass
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _now() -> str:
+    return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict[str, Any]):
+    """Build, warm up, time; returns the row's metric fields (collective over all ranks)."""
+    import torch
+
+    from slapo.runtime.distributed import init_distributed
+
+    from end2end.models.flops import (measure_gemm_flops, mfu, tflops_per_rank,
+                                      train_flops_per_sample)
+    from end2end.driver.measure import (PeakMemory, StepTimer, all_reduce_float,
+                                        check_memory_budget, limit_cuda_memory, local_parameters,
+                                        maybe_inject_fault)
+    from end2end.models import get_model_spec, make_inputs
+
+    env = init_distributed()
+    torch_dtype = getattr(torch, _DTYPES[spec.dtype])
+    if env.device.type == "cpu" and args.keep_freed_memory:
+        import slapo
+
+        extra["keep_freed_memory"] = slapo.keep_freed_memory()
+    _import_runtime(spec.mode)
+    limit_cuda_memory(env.device, args.mem_budget_gb)
+    if args.mem_budget_gb is not None:
+        extra["mem_budget_gb"] = args.mem_budget_gb
+    memory = PeakMemory(env.device)
+    memory.mark_baseline()
+    if args.peak_tflops:
+        peak = args.peak_tflops * 1e12
+    else:
+        StepTimer(env.device).start()  # barrier: all ranks measure the shared machine at once
+        size = 4096 if env.device.type == "cuda" else 1024
+        gemm_dtype = torch_dtype if env.device.type == "cuda" else torch.float32
+        rates = [measure_gemm_flops(env.device, gemm_dtype, size=size,
+                                    seconds=args.gemm_seconds / 5, warmup=1 if i else 3)
+                 for i in range(5)]  # the best of 5 windows: a shared host only slows down
+        peak = all_reduce_float(max(rates), "avg")
+    built = time.perf_counter()
+    runner = _make_runner(spec, layout, torch_dtype if spec.dtype != "fp32" else None,
+                          env.device)
+    extra["build_seconds"] = round(time.perf_counter() - built, 3)
+    replica = (env.rank // layout["tp"]) % layout["dp"]  # TP fastest, then DP (then PP)
+    gen = torch.Generator().manual_seed(1000 + replica)
+    batch = make_inputs(get_model_spec(spec.model), layout["local_batch"], spec.seq_len,
+                        spec.dec_seq_len, generator=gen, device=env.device,
+                        dtype=torch_dtype if spec.dtype != "fp32" else None)
+    params = all_reduce_float(local_parameters(runner.model), "max")
+    memory.start()
+    maybe_inject_fault(env.rank)
+    losses, warmup_times = [], []  # warm-up: compiles (torch.compile fusions) happen here
+    for _ in range(spec.warmup):
+        began = time.perf_counter()
+        losses.append(runner.train_step(batch))
+        warmup_times.append(round(time.perf_counter() - began, 5))
+    if args.mem_budget_gb is not None and spec.warmup:  # fail fast: skip the timed steps
+        check_memory_budget(all_reduce_float(memory.peak_bytes(), "max"), args.mem_budget_gb,
+                            "in warm-up")
+    timer = StepTimer(env.device)
+    timer.start()
+    for _ in range(spec.steps):
+        losses.append(runner.train_step(batch))
+        timer.lap()
+    elapsed = timer.stop()
+    if args.profile:
+        import functools
+
+        from end2end.driver.profiling import profile_step
+
+        step = functools.partial(runner.train_step, batch)
+        extra["profile"] = str(profile_step(step, args.profile, spec.label, env.rank,
+                                            env.device.type == "cuda"))
+    mem = all_reduce_float(memory.peak_bytes(), "max")
+    check_memory_budget(mem, args.mem_budget_gb, "in warm-up and timed steps")
+    del runner, batch
+    thrpt = spec.batch_size * spec.steps / elapsed
+    flops = train_flops_per_sample(spec.model, spec.seq_len, spec.dec_seq_len)
+    extra.update(losses=[round(x, 5) for x in losses], step_times=[round(t, 5) for t in
+                 timer.step_times], memory_method=memory.method,
+                 train_flops_per_sample=flops, local_batch=layout["local_batch"],
+                 microbatches=layout["microbatches"], micro_batch=layout["micro_batch"],
+                 warmup=spec.warmup, warmup_times=warmup_times,
+                 threads=torch.get_num_threads())
+    if not all(map(lambda x: x == x and abs(x) != float("inf"), losses)):
+        raise FloatingPointError(f"non-finite loss: {losses}")
+    return dict(thrpt=thrpt, per_gpu_param=params / 1e6, per_gpu_mem=mem / 1e9,
+                per_gpu_tflops=tflops_per_rank(thrpt, flops, spec.n),
+                mfu=mfu(thrpt, flops, spec.n, peak), step_time=elapsed / spec.steps,
+                peak_tflops=peak / 1e12)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """One run on this rank (collective over the job); returns the exit status (0 = ok).
+
+    Callable several times in one process group (tests); each call writes exactly one row.
+    """
+    from slapo.runtime.distributed import init_distributed, teardown
+
+    from end2end.spec.knobs import check_run_knobs
+    from end2end.driver.measure import is_oom
+    from end2end.models import get_model_spec
+
+    run_id = next(_RUN_COUNTER)
+    spec, rank, extra = None, int(os.environ.get("RANK", "0")), {}
+    start = time.time()
+    try:
+        env = init_distributed()
+        rank = env.rank
+        spec = spec_from_args(args, env.world_size)
+        check_run_knobs(spec.mode, get_model_spec(spec.model).schedule, spec.knobs)
+        if args.device == "cuda" and env.device.type != "cuda":
+            raise RuntimeError("--device cuda but no CUDA device is available")
+        extra["loadavg_start"] = list(os.getloadavg())
+        values = _measure(spec, _layout(spec), args, extra)
+        status, error = "ok", ""
+    except Exception as exc:  # noqa: BLE001  (every failure becomes a row)
+        status = "oom" if is_oom(exc) else "fail"
+        error = f"rank {rank}: {type(exc).__name__}: {exc}"
+        extra["traceback"] = traceback.format_exc()
+        print(f"end2end.bench: {status}: {error}", file=sys.stderr, flush=True)
+        traceback.print_exc()
+        values = {}
+    try:
+        return _write_row(args, spec, run_id, rank, status, error, values, extra, start)
+    finally:
+        teardown()  # megatron state, DeepSpeed comm, the default group if we created it
+
+
+def _write_row(args, spec, run_id: int, rank: int, status: str, error: str,
+               values: Dict[str, Any], extra: Dict[str, Any], start: float) -> int:
+    """Rank 0 (ok) or the first failing rank appends the row; returns the exit status."""
+    from end2end.results.environment import env_dump
+    from end2end.results.store import ResultRow, append_result, env_columns
+
+    if spec is None:  # the arguments themselves are invalid: nothing to key a row by
+        print(f"end2end.bench: no row written ({error})", file=sys.stderr)
+        return 2
+    if status == "ok" and rank != 0:
+        return 0
+    if not _claim_row(run_id):
+        return 0 if status == "ok" else 1
+    env_info = env_dump(args.device)
+    extra.update(loadavg_end=list(os.getloadavg()), wall_s=round(time.time() - start, 2),
+                 hostname=env_info.get("hostname", ""))
+    row = ResultRow.from_spec(spec, status, time=_now(), error=error, extra=extra,
+                              dtype=spec.dtype, steps=spec.steps, **values,
+                              **env_columns(env_info))
+    append_result(args.results, row, env_info)
+    if status == "ok":
+        print(f"end2end.bench: {spec.label}: {values['thrpt']:.3f} samples/s, step "
+              f"{values['step_time']:.3f} s, {values['per_gpu_mem']:.3f} GB/rank, "
+              f"MFU {values['mfu']:.3f}", flush=True)
+    return 0 if status == "ok" else 1
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")  # a plain one-rank run (DeepSpeed insists on it)
+    args = parse_args(argv)
+    if args.device == "cpu":  # before anything touches CUDA
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    return run_bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

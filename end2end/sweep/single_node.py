@@ -1,0 +1,311 @@
+"""Run every line of a benchmark config through the driver, resumably.
+
+    python -m end2end.sweep end2end/configs/cpu.cfg --results results/cpu.tsv
+    python -m end2end.sweep CONFIG --results FILE --dry-run      # print the commands
+    python -m end2end.sweep CONFIG --estimate                    # FLOP-based time estimate
+
+For each run not yet in the results file (see ``results.pending_runs``; ``--retry-failed``
+re-runs fail/timeout rows) it starts ``torchrun ... -m end2end.bench ... --results FILE`` with a
+timeout, logging to ``<results>.logs/``. The driver appends the row itself; if it dies without
+one, the sweep appends a ``fail``/``timeout`` row with the log's last line, and runs that need
+more devices than available get a ``skipped`` row: every run of the config ends as a row.
+
+Ctrl-C/SIGTERM stop the current run with its whole process tree (:mod:`end2end.sweep.procs`), cut
+the results file back to where the run started, print how to resume and exit 130; the sweep
+holds :class:`~end2end.sweep.lock.SweepLock` on the results file for its lifetime. Exit status:
+0 all runs ok, 1 some not ok, 2 usage/config error, 130 interrupted (``--help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from slapo.errors import ConfigError
+
+from end2end.cli import HelpFormatter, number, report_errors
+from end2end.spec.config_file import RunSpec, interleave, load_runs
+from end2end.sweep.commands import shell_join, single_node_command
+from end2end.sweep.procs import run_logged, signal_death
+from end2end.sweep.progress import Progress, format_duration
+from end2end.results.store import (ResultRow, append_result, env_columns, mark, pending_runs,
+                                   read_results, rollback)
+from end2end.sweep.lock import SweepLock
+
+__all__ = ["estimate_run_seconds", "run_sweep", "check_timeout", "build_parser", "main"]
+
+STARTUP_S = {1: 8.0, 2: 14.0}  # rough process start + imports + init on 2 CPU cores
+TORCHRUN = (sys.executable, "-m", "torch.distributed.run")  # torchrun of this interpreter
+
+
+def estimate_run_seconds(spec: RunSpec, flops_per_s: float = 150e9,
+                         efficiency: float = 0.5) -> float:
+    """Start-up plus (warm-up + measured) steps at ``flops_per_s * efficiency``."""
+    from end2end.models.flops import estimate_step_seconds
+
+    steps = (spec.steps or 40) + (spec.warmup if spec.warmup is not None else 5)
+    step = estimate_step_seconds(spec.model, spec.batch_size, spec.seq_len, spec.dec_seq_len,
+                                 flops_per_s, efficiency)
+    return STARTUP_S.get(spec.n, 20.0) + steps * step
+
+
+def _default_devices(device: str) -> int:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def _log_path(results: Path, spec: RunSpec) -> Path:
+    name = re.sub(r"[^A-Za-z0-9.=-]+", "_", "-".join(map(str, spec.key)))
+    return results.parent / (results.name + ".logs") / f"{name}.log"
+
+
+def _rows_for(results: Path, spec: RunSpec) -> int:
+    if not results.exists():
+        return 0
+    return sum(1 for r in read_results(results, check_twin=False).rows if r.key == spec.key)
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    errors = [ln for ln in lines if "Error" in ln or "error" in ln]
+    return (errors or lines or [""])[-1].strip()
+
+
+def _not_ok(runs: Sequence[RunSpec], results: Path) -> Dict[str, int]:
+    """Status counts of the runs whose latest row is not ``ok`` (``pending``: no row)."""
+    latest = {}
+    if results.exists():
+        latest = {r.key: r.status for r in read_results(results, check_twin=False).rows}
+    counts: Dict[str, int] = {}
+    for spec in runs:
+        status = latest.get(spec.key, "pending")
+        if status != "ok":
+            counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def _failure_reason(rc: int, timed_out: bool, timeout: float, log: Path) -> str:
+    if timed_out:
+        return f"timed out after {format_duration(timeout)} (log: {log})"
+    if rc is not None and rc < 0:
+        return f"the launcher was killed by {_signal_name(-rc)} (log: {log})"
+    killed = signal_death(log)
+    if killed:
+        return f"{killed} (exit code {rc}; log: {log})"
+    return f"exit code {rc}: {_last_line(log)} (log: {log})"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def check_timeout(timeout: float) -> float:
+    """A per-run timeout must be a finite number of seconds > 0."""
+    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+        raise ConfigError(f"timeout {timeout!r} is not a positive number of seconds",
+                          hint="give e.g. --timeout 1800 (the default)")
+    return float(timeout)
+
+
+def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
+              device: str = "cpu", retry_failed: bool = False, timeout: float = 1800.0,
+              dry_run: bool = False, error_stop: bool = False,
+              extra: Sequence[str] = (), wait: bool = False, repeat: int = 1) -> int:
+    """Run the pending runs of ``config``; returns how many runs of the config have no ``ok``
+    row afterwards (failed, skipped, or not run because of ``error_stop``).
+
+    ``repeat`` > 1 runs the config in interleaved rounds
+    (:func:`end2end.spec.config_file.interleave`).
+    Holds :class:`~end2end.sweep.lock.SweepLock` on ``results`` for the whole sweep (refuses,
+    or with ``wait`` queues, when another sweep uses it). A ``KeyboardInterrupt`` (Ctrl-C, or
+    SIGTERM under :func:`main`) stops the current run with every process it started, removes
+    whatever that run wrote to the results file, and propagates: the run is pending again.
+    """
+    timeout = check_timeout(timeout)
+    max_devices = max_devices or _default_devices(device)
+    if max_devices < 1:
+        raise ConfigError(f"max_devices is {max_devices}", hint="give --max-devices 1 or more")
+    runs = interleave(load_runs(config, max_devices=max_devices), repeat)
+    if not runs:
+        raise ConfigError(f"{config}: no runs (the file is empty or has only comments)",
+                          hint="add lines 'MODE MODEL GPUS SEQ_LEN DEC_SEQ_LEN BATCH_SIZE CKPT' "
+                               "(end2end/README.md, Config grammar)")
+    out = Path(results)
+    extra = ["--device", device, *extra]
+    if dry_run:
+        for spec in _pending(runs, out, retry_failed, max_devices):
+            print(shell_join(single_node_command(spec, str(out), extra, TORCHRUN)))
+        return 0
+    with SweepLock(out, wait=wait, on_wait=lambda owner: print(
+            f"{out} is in use by {owner}; waiting (--wait)", flush=True)):
+        todo = _pending(runs, out, retry_failed, max_devices)
+        print(f"{config}: {len(runs)} runs, {len(runs) - len(todo)} already in {out}, "
+              f"{len(todo)} to run", flush=True)
+        _run_all(todo, out, max_devices, timeout, error_stop, extra, device)
+        bad = _not_ok(runs, out)
+    if bad:
+        print(f"{sum(bad.values())} of {len(runs)} runs not ok: "
+              + ", ".join(f"{n} {status}" for status, n in sorted(bad.items())), flush=True)
+    return sum(bad.values())
+
+
+def _pending(runs: Sequence[RunSpec], out: Path, retry_failed: bool,
+             devices: int) -> List[RunSpec]:
+    if not out.exists():
+        return list(runs)
+    res = read_results(out)
+    for warning in res.warnings:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
+    return pending_runs(runs, res, retry_failed=retry_failed, devices=devices)
+
+
+def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: float,
+             error_stop: bool, extra: Sequence[str], device: str) -> None:
+    from end2end.results.environment import env_dump
+
+    env = env_dump(device)
+    progress = Progress(len(todo), weights=[estimate_run_seconds(s) for s in todo])
+    for spec in todo:
+        progress.start(spec.label)
+        if spec.n > max_devices:
+            row = ResultRow.from_spec(spec, "skipped", error=f"needs {spec.n} devices, "
+                                      f"{max_devices} available", **env_columns(env))
+            append_result(out, row, env)
+            progress.finish("skipped")
+            continue
+        before, start = _rows_for(out, spec), mark(out)
+        log = _log_path(out, spec)
+        try:
+            rc, timed_out = run_logged(single_node_command(spec, str(out), extra, TORCHRUN),
+                                       log, timeout)
+        except BaseException:
+            rollback(out, start)  # nothing of the interrupted run stays: it is redone
+            raise
+        if timed_out or (rc != 0 and signal_death(log)):
+            # a rank stopped by the timeout, or the peer of a rank killed by a signal, may
+            # have written a row blaming the wrong thing ("connection closed"): ours says why
+            rollback(out, start)
+        status = "ok"
+        if _rows_for(out, spec) == before:  # the driver wrote nothing: record why
+            status = "timeout" if timed_out else "fail"
+            append_result(out, ResultRow.from_spec(
+                spec, status, error=_failure_reason(rc, timed_out, timeout, log),
+                time=time.strftime("%Y-%m-%dT%H:%M:%S"), **env_columns(env)), env)
+        else:
+            last = [r for r in read_results(out, check_twin=False).rows if r.key == spec.key]
+            status = last[-1].status if last else status
+        progress.finish(status)
+        if error_stop and status == "fail":
+            print("stopping at the first failure (--error-stop)")
+            break
+    progress.summary()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``python -m end2end.sweep`` command line (every option documented)."""
+    p = argparse.ArgumentParser(
+        prog="python -m end2end.sweep", formatter_class=HelpFormatter,
+        description="Run every line of a benchmark config through the driver (end2end.bench), "
+                    "one row per run, resumable: start it again to continue.",
+        epilog="Exit status: 0 every run of the config has an ok row; 1 some runs are not ok "
+               "(fail/oom/timeout/skipped, or not run after --error-stop); 2 usage or config "
+               "error (also: another sweep holds the results file); 130 interrupted (Ctrl-C or "
+               "SIGTERM: the current run is stopped with all its processes, nothing of it is "
+               "kept, and the same command resumes).")
+    p.add_argument("config", help="config file (end2end/configs/*.cfg; grammar in "
+                                  "end2end/README.md)")
+    p.add_argument("--results", default="results/results.tsv",
+                   help="results TSV to append to (its JSON twin .jsonl, logs in FILE.logs/ and "
+                        "the sweep's lock FILE.lock go next to it)")
+    p.add_argument("--max-devices", type=number(int, minimum=1), default=None,
+                   help="GPUs/ranks available (pow2 expansion; runs that need more get a "
+                        "skipped row); default: all CUDA devices, or the CPU cores")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="device the driver trains on")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="re-run runs whose row is fail or timeout (skipped runs re-run by "
+                        "themselves once enough devices are available)")
+    p.add_argument("--timeout", type=number(float, above=0), default=1800.0,
+                   help="seconds per run, start-up included (a finite number > 0)")
+    p.add_argument("--error-stop", action="store_true", help="stop at the first fail row")
+    p.add_argument("--repeat", type=number(int, minimum=1), default=1,
+                   help="interleaved rounds: every run once, then every run again ...; each row "
+                   "records its round (column Repeat), resume continues within a round")
+    p.add_argument("--profile", metavar="DIR", default=None,
+                   help="each run profiles one extra step after its timed ones (end2end.bench "
+                   "--profile DIR; compare with python -m end2end.profiling)")
+    p.add_argument("--wait", action="store_true",
+                   help="if another sweep uses the results file, wait for it instead of "
+                        "refusing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the commands of the pending runs and exit")
+    p.add_argument("--estimate", action="store_true",
+                   help="print a FLOP-based runtime estimate of every run and exit")
+    p.add_argument("--gflops", type=number(float, above=0), default=150.0,
+                   help="GEMM rate (GFLOP/s) assumed by --estimate")
+    p.add_argument("--efficiency", type=number(float, above=0), default=0.5,
+                   help="fraction of --gflops a training step reaches, for --estimate")
+    p.add_argument("--debug", action="store_true",
+                   help="show the full traceback of a config/usage error")
+    return p
+
+
+def _estimate(args: argparse.Namespace) -> None:
+    runs = load_runs(args.config, max_devices=args.max_devices or 8)
+    total = 0.0
+    for spec in runs:
+        sec = estimate_run_seconds(spec, args.gflops * 1e9, args.efficiency)
+        total += sec
+        print(f"{spec.label:60s} ~{format_duration(sec)}")
+    print(f"{len(runs)} runs, ~{format_duration(total)} at {args.gflops:g} GFLOP/s x "
+          f"{args.efficiency:g} (start-up included)")
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit status (see ``--help``'s epilog)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+
+    def run() -> int:
+        if args.estimate:
+            _estimate(args)
+            return 0
+        bad = run_sweep(args.config, args.results, args.max_devices, args.device,
+                        args.retry_failed, args.timeout, args.dry_run, args.error_stop,
+                        extra=["--profile", args.profile] if args.profile else (),
+                        wait=args.wait, repeat=args.repeat)
+        return 1 if bad else 0
+
+    try:
+        return report_errors("end2end.sweep", run, args.debug)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the current run was stopped and nothing of it kept; resume with: "
+              f"python -m end2end.sweep {shell_join(argv)}", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Tests of end2end.models."""
