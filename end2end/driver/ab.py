@@ -6,15 +6,13 @@
 
 One process group builds both systems (the same runners, layouts and batches as
 :mod:`end2end.driver.bench`), warms each up, then alternates their training steps ``A B A B ...``:
-each
-step is timed on its own (device sync + barrier before and after, the slowest rank's time), so the
-machine's drift hits both alike and every A step has a B step next to it. Rank 0 prints each
+each step is timed on its own (device sync + barrier before and after, the slowest rank's time), so
+the machine's drift hits both alike and every A step has a B step next to it. Rank 0 prints each
 system's median step time with its min-max range and the B/A speed ratio with the range of the
 per-pair ratios (``~`` when that range includes 1.0: within noise, :mod:`end2end.results.stats`);
-with
-``--profile DIR`` it then profiles one more step of each (``python -m end2end.profiling`` compares
-the two files op by op). Nothing is written to a results file: this is a developer's check of
-one pair, the sweep (``run_all_single_node.sh``) is where numbers for the figures come from.
+with ``--profile DIR`` it then profiles one more step of each (``python -m end2end.profiling``
+compares the two files op by op). Nothing is written to a results file: this is a developer's check
+of one pair, the sweep (``run_all_single_node.sh``) is where numbers for the figures come from.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ __all__ = ["main", "build_parser"]
 def build_parser() -> argparse.ArgumentParser:
     """The command line (every option documented)."""
     from end2end.cli import HelpFormatter, add_workload_arguments, number
-    from end2end.spec.runspec import MODES
+    from end2end.spec.modes import MODES
 
     p = argparse.ArgumentParser(
         prog="python -m end2end.ab", formatter_class=HelpFormatter,

@@ -8,8 +8,7 @@
         [--mem-budget-gb X]
 
 (``end2end.sweep`` and ``end2end.sweep.commands`` build this command line from a config line; a
-plain
-``python -m end2end.bench ...`` is a one-rank run.) Every mode goes through the same code:
+plain ``python -m end2end.bench ...`` is a one-rank run.) Every mode goes through the same code:
 
 1. the arguments become a validated :class:`~end2end.spec.config_file.RunSpec` (``make_run_spec``,
 with
@@ -45,12 +44,11 @@ like a CUDA OOM (on CPU the OOM is this budget; on CUDA the allocator is capped 
 
 Batches: a data-parallel rank trains on ``B / DP`` samples, tensor-parallel ranks on the same
 batch (DP = n for ``deepspeed``/``slapo-deepspeed``/``eager``/``fsdp``/``slapo-fsdp``, TP = n for
-the others, see
-``RunSpec.parallel_sizes``); the batch is synthetic (``make_inputs``) and reused every step.
+the others, see ``RunSpec.parallel_sizes``); the batch is synthetic (``make_inputs``) and reused
+every step.
 
 Pipelines (``--pp P`` > 1; :mod:`end2end.driver.pipeline_plan`): ``slapo`` (torch pipeline dialect)
-and
-``slapo-deepspeed`` (DeepSpeed ``PipelineModule``) cut the model's layers into ``P`` even stages
+and ``slapo-deepspeed`` (DeepSpeed ``PipelineModule``) cut the model's layers into ``P`` even stages
 through the recipe's ``pipeline_cuts``/``example_inputs`` knobs; the world is TP x DP x PP
 (``--tp``, default 1), every rank of a replica gets the replica's batch, split into micro-batches
 (``--micro-batch-size``; default ``P`` of them when they divide). Other modes refuse ``--pp`` with
@@ -80,16 +78,16 @@ _RUN_COUNTER = itertools.count()  # distinguishes several runs in one process (t
 def build_parser() -> argparse.ArgumentParser:
     """The driver's command line (every option documented; numbers checked here)."""
     from end2end.cli import HelpFormatter, add_workload_arguments, number
-    from end2end.spec.runspec import MODES
+    from end2end.spec.modes import MODE_TABLE
 
     p = argparse.ArgumentParser(
         prog="python -m end2end.bench", formatter_class=HelpFormatter,
         description="Train one benchmark run and append its row to --results (under torchrun: "
                     "one process per rank). Invalid arguments exit 2 without a row; a failed "
                     "run is a fail/oom row and exit 1.")
-    p.add_argument("--mode", required=True, choices=MODES,
-                   help="system: Megatron-LM, Slapo-TP, DeepSpeed ZeRO-3, Slapo-ZeRO3, plain "
-                        "PyTorch, Slapo on plain PyTorch, FSDP2, Slapo on FSDP2, DTensor TP")
+    p.add_argument("--mode", required=True, choices=tuple(MODE_TABLE),
+                   help="the system: " + "; ".join(f"{m.name}: {m.description}"
+                                                   for m in MODE_TABLE.values()))
     add_workload_arguments(p)
     p.add_argument("--ckpt", default="0", help="activation checkpointing as in a config line's "
                    "CKPT: a ratio in [0, 1] for Slapo modes, 0/full/selective for megatron, "
@@ -167,11 +165,14 @@ def _knob_text(items: Sequence[str]) -> str:
 
 def _import_runtime(mode: str) -> None:
     """Import the mode's framework before the memory baseline (its code is not model memory)."""
-    if mode.endswith("deepspeed"):
+    from end2end.spec.modes import get_mode
+
+    framework = get_mode(mode).framework
+    if framework == "deepspeed":
         from slapo.dialects.compat.deepspeed_startup import import_deepspeed
 
         import_deepspeed()
-    elif mode.endswith("megatron"):
+    elif framework == "megatron":
         import megatron.core  # noqa: F401
 
 
@@ -183,12 +184,7 @@ def _layout(spec) -> Dict[str, int]:
 
     tp, pp, dp = spec.parallel_sizes
     check_pipeline_mode(spec.mode, pp)
-    if tp > 1 and spec.framework != "megatron" and pp == 1 and spec.mode != "slapo-fsdp" \
-            and not (spec.mode in ("slapo", "dtensor-tp") and tp == spec.n):
-        raise ConfigError(f"tp={tp} is not available in mode {spec.mode!r}",
-                          call="end2end.bench", hint="TP runs under the megatron modes and "
-                          "'slapo-fsdp' (any tp dividing n), 'slapo' and 'dtensor-tp' (tp = n), "
-                          "or a pipeline (--pp > 1) of 'slapo'/'slapo-deepspeed' (any tp)")
+    spec.mode_info.check_tp(tp, pp, spec.n)
     if spec.n % (tp * pp):
         raise ConfigError(f"tp={tp} x pp={pp} does not divide the {spec.n} ranks",
                           call="end2end.bench", hint="choose tp and pp dividing the world size")
@@ -216,7 +212,7 @@ def _make_runner(spec, layout: Dict[str, int], torch_dtype, device):
     from end2end.driver.runtimes import ModelSchedule, make_runner
 
     model_spec = get_model_spec(spec.model)
-    if spec.mode == "megatron":
+    if spec.mode_info.builds_own_model:
         target = build_hf_config(model_spec)
     else:  # built where it trains: initialising a 1B model on the host takes long
         target = build_model(model_spec, seed=0, device=device)
@@ -228,7 +224,7 @@ def _make_runner(spec, layout: Dict[str, int], torch_dtype, device):
                                   spec.dec_seq_len, device=device, dtype=torch_dtype)
             knobs.update(pipeline_knobs(model_spec, layout["pp"], example))
         schedule = ModelSchedule(model_spec.schedule, knobs)
-    ckpt = spec.ckpt if spec.mode == "megatron" else spec.ckpt != "0"
+    ckpt = spec.ckpt if spec.mode_info.ckpt == "megatron" else spec.ckpt != "0"
     if layout["pp"] > 1:
         ds_config = deepspeed_pipeline_config(layout["micro_batch"], layout["microbatches"])
     else:
@@ -264,12 +260,7 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
 
     from slapo.runtime.distributed import init_distributed
 
-    from end2end.models.flops import (measure_gemm_flops, mfu, tflops_per_rank,
-                                      train_flops_per_sample)
-    from end2end.driver.measure import (PeakMemory, StepTimer, all_reduce_float,
-                                        check_memory_budget, limit_cuda_memory, local_parameters,
-                                        maybe_inject_fault)
-    from end2end.models import get_model_spec, make_inputs
+    from end2end.driver.measure import PeakMemory, limit_cuda_memory
 
     env = init_distributed()
     torch_dtype = getattr(torch, _DTYPES[spec.dtype])
@@ -283,29 +274,60 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
         extra["mem_budget_gb"] = args.mem_budget_gb
     memory = PeakMemory(env.device)
     memory.mark_baseline()
-    if args.peak_tflops:
-        peak = args.peak_tflops * 1e12
-    else:
-        StepTimer(env.device).start()  # barrier: all ranks measure the shared machine at once
-        size = 4096 if env.device.type == "cuda" else 1024
-        gemm_dtype = torch_dtype if env.device.type == "cuda" else torch.float32
-        rates = [measure_gemm_flops(env.device, gemm_dtype, size=size,
-                                    seconds=args.gemm_seconds / 5, warmup=1 if i else 3)
-                 for i in range(5)]  # the best of 5 windows: a shared host only slows down
-        peak = all_reduce_float(max(rates), "avg")
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else _gemm_rate(env.device, torch_dtype,
+                                                                         args.gemm_seconds)
+    low = torch_dtype if spec.dtype != "fp32" else None
     built = time.perf_counter()
-    runner = _make_runner(spec, layout, torch_dtype if spec.dtype != "fp32" else None,
-                          env.device)
+    runner = _make_runner(spec, layout, low, env.device)
     extra["build_seconds"] = round(time.perf_counter() - built, 3)
-    replica = (env.rank // layout["tp"]) % layout["dp"]  # TP fastest, then DP (then PP)
+    batch = _batch(spec, layout, env, low)
+    timed = _train(runner, batch, spec, args, memory, env, extra)
+    del runner, batch
+    return _metrics(spec, layout, timed, peak, extra)
+
+
+def _gemm_rate(device, dtype, seconds: float) -> float:
+    """The machine's GEMM rate (FLOP/s per rank) for MFU, measured by all ranks at once (they
+    share a CPU host): the best of five windows per rank (a shared host only slows down),
+    averaged over ranks."""
+    import torch
+
+    from end2end.driver.measure import StepTimer, all_reduce_float
+    from end2end.models.flops import measure_gemm_flops
+
+    StepTimer(device).start()  # barrier: all ranks measure the shared machine at once
+    size = 4096 if device.type == "cuda" else 1024
+    gemm_dtype = dtype if device.type == "cuda" else torch.float32
+    rates = [measure_gemm_flops(device, gemm_dtype, size=size, seconds=seconds / 5,
+                                warmup=1 if i else 3) for i in range(5)]
+    return all_reduce_float(max(rates), "avg")
+
+
+def _batch(spec, layout: Dict[str, int], env, dtype):
+    """This rank's synthetic batch: one per data-parallel replica (TP fastest, then DP)."""
+    import torch
+
+    from end2end.models import get_model_spec, make_inputs
+
+    replica = (env.rank // layout["tp"]) % layout["dp"]
     gen = torch.Generator().manual_seed(1000 + replica)
-    batch = make_inputs(get_model_spec(spec.model), layout["local_batch"], spec.seq_len,
-                        spec.dec_seq_len, generator=gen, device=env.device,
-                        dtype=torch_dtype if spec.dtype != "fp32" else None)
+    return make_inputs(get_model_spec(spec.model), layout["local_batch"], spec.seq_len,
+                       spec.dec_seq_len, generator=gen, device=env.device, dtype=dtype)
+
+
+def _train(runner, batch, spec, args: argparse.Namespace, memory, env,
+           extra: Dict[str, Any]) -> Dict[str, Any]:
+    """Warm-up (untimed: compilations happen here), then the timed steps, then the optional
+    profiled step; the budget is checked after each phase. Returns the timing and memory."""
+    import torch
+
+    from end2end.driver.measure import (StepTimer, all_reduce_float, check_memory_budget,
+                                        local_parameters, maybe_inject_fault)
+
     params = all_reduce_float(local_parameters(runner.model), "max")
     memory.start()
     maybe_inject_fault(env.rank)
-    losses, warmup_times = [], []  # warm-up: compiles (torch.compile fusions) happen here
+    losses, warmup_times = [], []
     for _ in range(spec.warmup):
         began = time.perf_counter()
         losses.append(runner.train_step(batch))
@@ -329,18 +351,27 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
                                             env.device.type == "cuda"))
     mem = all_reduce_float(memory.peak_bytes(), "max")
     check_memory_budget(mem, args.mem_budget_gb, "in warm-up and timed steps")
-    del runner, batch
-    thrpt = spec.batch_size * spec.steps / elapsed
-    flops = train_flops_per_sample(spec.model, spec.seq_len, spec.dec_seq_len)
-    extra.update(losses=[round(x, 5) for x in losses], step_times=[round(t, 5) for t in
-                 timer.step_times], memory_method=memory.method,
-                 train_flops_per_sample=flops, local_batch=layout["local_batch"],
-                 microbatches=layout["microbatches"], micro_batch=layout["micro_batch"],
-                 warmup=spec.warmup, warmup_times=warmup_times,
+    extra.update(losses=[round(x, 5) for x in losses],
+                 step_times=[round(t, 5) for t in timer.step_times],
+                 memory_method=memory.method, warmup=spec.warmup, warmup_times=warmup_times,
                  threads=torch.get_num_threads())
     if not all(map(lambda x: x == x and abs(x) != float("inf"), losses)):
         raise FloatingPointError(f"non-finite loss: {losses}")
-    return dict(thrpt=thrpt, per_gpu_param=params / 1e6, per_gpu_mem=mem / 1e9,
+    return dict(elapsed=elapsed, params=params, mem=mem)
+
+
+def _metrics(spec, layout: Dict[str, int], timed: Dict[str, Any], peak: float,
+             extra: Dict[str, Any]) -> Dict[str, Any]:
+    """The row's metric fields from the timed window (and the batch layout in ``extra``)."""
+    from end2end.models.flops import mfu, tflops_per_rank, train_flops_per_sample
+
+    elapsed = timed["elapsed"]
+    thrpt = spec.batch_size * spec.steps / elapsed
+    flops = train_flops_per_sample(spec.model, spec.seq_len, spec.dec_seq_len)
+    extra.update(train_flops_per_sample=flops, local_batch=layout["local_batch"],
+                 microbatches=layout["microbatches"], micro_batch=layout["micro_batch"])
+    return dict(thrpt=thrpt, per_gpu_param=timed["params"] / 1e6,
+                per_gpu_mem=timed["mem"] / 1e9,
                 per_gpu_tflops=tflops_per_rank(thrpt, flops, spec.n),
                 mfu=mfu(thrpt, flops, spec.n, peak), step_time=elapsed / spec.steps,
                 peak_tflops=peak / 1e12)

@@ -25,36 +25,19 @@ from typing import Any, Dict, List, Sequence, Union
 
 from slapo.errors import ConfigError
 
-__all__ = ["PIPELINE_MODES", "check_pipeline_mode", "even_cuts", "stage_cuts", "layer_stacks",
+from end2end.spec.modes import get_mode
+
+__all__ = ["check_pipeline_mode", "even_cuts", "stage_cuts", "layer_stacks",
            "pipeline_knobs", "default_micro_batch", "deepspeed_pipeline_config"]
-
-# mode -> the build target that runs its stages
-PIPELINE_MODES = {"slapo": "torch", "slapo-deepspeed": "deepspeed"}
-
-_UNSUPPORTED = {
-    "eager": ("the unscheduled HF model has no stage cuts",
-              "use mode 'slapo' (the same model cut into stages by its Slapo schedule, on plain "
-              "PyTorch), or pp=1"),
-    "deepspeed": ("the ZeRO-3 baseline runs the unscheduled model (no stage cuts), and ZeRO-3 "
-                  "does not combine with DeepSpeed pipelines",
-                  "use mode 'slapo-deepspeed' (a DeepSpeed PipelineModule of the scheduled "
-                  "model's stages), or pp=1"),
-    "megatron": ("the megatron-core baseline is built without pipeline stages by this driver",
-                 "use mode 'slapo' (torch pipeline) or 'slapo-deepspeed' (DeepSpeed pipeline) "
-                 "for pipeline runs; megatron runs TP x DP with pp=1"),
-    "slapo-megatron": ("the megatron dialect does not build schedules with pipeline cuts",
-                       "use mode 'slapo' (torch pipeline, TP x DP x PP) or 'slapo-deepspeed' "
-                       "(DeepSpeed PipelineModule, TP x DP x PP), or pp=1"),
-}
-
 
 def check_pipeline_mode(mode: str, pp: int) -> None:
     """Raise :class:`ConfigError` (naming what to use instead) when ``mode`` cannot run ``pp``
-    pipeline stages; a no-op for ``pp == 1`` and for :data:`PIPELINE_MODES`."""
-    if pp <= 1 or mode in PIPELINE_MODES:
+    pipeline stages (:attr:`end2end.spec.modes.Mode.pipeline_target`); a no-op for
+    ``pp == 1``."""
+    info = get_mode(mode)
+    if pp <= 1 or info.pipeline_enabled:
         return
-    why, hint = _UNSUPPORTED.get(mode, ("it has no pipeline runtime",
-                                         "use mode 'slapo' or 'slapo-deepspeed'"))
+    why, hint = info.pipeline_refusal
     raise ConfigError(f"--pp {pp}: pipeline parallelism is not available in mode {mode!r}: "
                       f"{why}", call="end2end.bench", hint=hint)
 

@@ -2,53 +2,32 @@
 
 ``make_runner(mode, model_or_config, ...)`` builds the model of a mode on this rank and returns a
 :class:`Runner`; the benchmark driver feeds every mode the same HuggingFace-style batches
-(``input_ids``, ``attention_mask``, ``labels``) and times ``train_step``. Modes:
+(``input_ids``, ``attention_mask``, ``labels``) and times ``train_step``. What a mode is (its
+framework, layout, precision, what it accepts) is its entry in the table of modes
+(:mod:`end2end.spec.modes`); how it is built is the builder it registers with :func:`builds`
+(:mod:`end2end.driver.builders`: one small function per framework). The baselines that train
+the HF model go through the same path as their Slapo counterparts with an empty schedule
+(``slapo.build(target=...)``), so a pair differs only in its schedule.
 
-===================  ==========================================================================
-``deepspeed``        the unscheduled HF model under DeepSpeed ZeRO-3 (HF gradient checkpointing
-                     with ``ckpt``), built through ``slapo.build(target="deepspeed")`` with an
-                     empty schedule, so it gets exactly the same engine as ``slapo-deepspeed``
-``slapo-deepspeed``  the scheduled HF model (``schedule(sch)``) under the same engine
-``slapo-megatron``   the scheduled tensor-parallel HF model (TP = world size) under megatron-core's
-                     runtime (``slapo.build(target="megatron")``)
-``megatron``         megatron-core's own GPT/BERT/T5 built from the HF config
-                     (:mod:`end2end.driver.baselines.megatron_core`) under the same runtime
-``eager``            the unscheduled HF model on plain PyTorch (HF gradient checkpointing with
-                     ``ckpt``; data parallel with ``DistributedDataParallel`` on several ranks)
-``slapo``            the scheduled model on plain PyTorch (``slapo.build(target="torch")``);
-                     on several ranks the schedule shards it (TP = world size)
-``fsdp``             the unscheduled HF model under FSDP2 (``fully_shard`` per layer + root),
-                     built through ``slapo.build(target="fsdp")`` with an empty schedule, so it
-                     gets exactly the same wrapping as ``slapo-fsdp``
-``slapo-fsdp``       the scheduled model under the same FSDP2 wrapping; with
-                     ``tensor_parallel`` > 1 the schedule shards over blocks of that many
-                     consecutive ranks and FSDP over the rest (TP x FSDP)
-``dtensor-tp``       the unscheduled HF model with PyTorch's DTensor TP plan of its family
-                     (:mod:`end2end.driver.baselines.dtensor_plans`, TP = world size), the loss
-                     under
-                     ``loss_parallel``
-===================  ==========================================================================
+Low precision (``dtype`` bf16/fp16): modes with ``mixed_precision`` (DeepSpeed, FSDP2) keep fp32
+master weights; the others train the model cast to ``dtype``.
 
-Low precision (``dtype`` bf16/fp16): the DeepSpeed and FSDP2 modes train in mixed precision with
-fp32 master weights; the others train the model cast to ``dtype``.
-
-**Pipelines** (``pipeline_parallel`` > 1, modes ``slapo`` and ``slapo-deepspeed`` only): the
-schedule must cut the model into that many stages (the driver passes the recipe's
-``pipeline_cuts``/``example_inputs`` knobs, see :mod:`end2end.driver.pipeline_plan`); its group is
-this
-rank's block of ``tensor_parallel`` consecutive ranks (one-rank groups for TP 1), and the build
-lays the world out as TP x DP x PP. ``slapo`` trains with the torch pipeline dialect
-(``PipelineModel.train_step``, ``num_microbatches`` micro-batches, GPipe), ``slapo-deepspeed``
-with DeepSpeed's ``PipelineEngine.train_batch`` (the DeepSpeed config gives the micro-batches;
-ZeRO stage 0/1).
+**Pipelines** (``pipeline_parallel`` > 1, the modes with a ``pipeline_target``: ``slapo`` and
+``slapo-deepspeed``): the schedule must cut the model into that many stages (the driver passes
+the recipe's ``pipeline_cuts``/``example_inputs`` knobs, see :mod:`end2end.driver.pipeline_plan`);
+its group is this rank's block of ``tensor_parallel`` consecutive ranks (one-rank groups for
+TP 1), and the build lays the world out as TP x DP x PP. ``slapo`` trains with the torch pipeline
+dialect (``PipelineModel.train_step``, ``num_microbatches`` micro-batches, GPipe),
+``slapo-deepspeed`` with DeepSpeed's ``PipelineEngine.train_batch`` (the DeepSpeed config gives
+the micro-batches; ZeRO stage 0/1).
 
 Every mode uses the same optimizer (default AdamW, lr 1.5e-4, as the artifact's Megatron runs).
 Schedules (kernels, sharding, checkpointing) come from ``schedule``: a callable ``fn(sch)``, or a
 :class:`ModelSchedule` naming a recipe of :mod:`slapo.model_schedule` and its knobs (the
-benchmark driver's choice; the recipe gets the mode's tensor-parallel group: megatron's for
-``slapo-megatron``, the world for ``slapo``, a one-rank group for ``slapo-deepspeed``, which is
-ZeRO-3 without TP). Activation checkpointing of the Slapo modes is the schedule's business,
-``ckpt`` only affects the baselines.
+benchmark driver's choice; the recipe gets the mode's tensor-parallel group, its
+``schedule_group``: megatron's for ``slapo-megatron``, the world for ``slapo``, a one-rank group
+for ``slapo-deepspeed``, which is ZeRO-3 without TP). Activation checkpointing of the Slapo modes
+is the schedule's business, ``ckpt`` only affects the baselines.
 """
 
 from __future__ import annotations
@@ -64,10 +43,11 @@ import slapo
 from slapo.runtime.distributed import init_distributed, teardown
 from slapo.errors import ConfigError
 
-from end2end.spec.runspec import MODES
+from end2end.spec.modes import MODES, Mode, get_mode
 
-__all__ = ["MODES", "Runner", "ModelSchedule", "make_runner", "hf_model_from_config",
-           "default_optimizer"]
+__all__ = ["MODES", "Runner", "RunnerRequest", "ModelSchedule", "BUILDERS", "builds",
+           "make_runner", "hf_model_from_config", "default_optimizer", "default_deepspeed_config",
+           "config_of", "prepare_hf_model", "scheduled_model", "schedule_group"]
 
 Batch = Dict[str, torch.Tensor]
 ScheduleFn = Callable[[slapo.Schedule], None]
@@ -88,7 +68,7 @@ def default_deepspeed_config() -> Dict[str, Any]:
             "zero_optimization": {"stage": 3}}
 
 
-def _config_of(model_or_config: Any) -> Any:
+def config_of(model_or_config: Any) -> Any:
     """A model name of the benchmark's zoo (``end2end.models``) becomes its HF config."""
     if isinstance(model_or_config, str):
         from end2end.models import build_hf_config
@@ -139,68 +119,51 @@ class Runner:
         teardown()
 
 
-def _deepspeed_step(engine: Any) -> Callable[[Batch], float]:
-    group = getattr(engine, "data_parallel_group", None)
+@dataclasses.dataclass
+class RunnerRequest:
+    """What :func:`make_runner` was asked for, handed to the mode's builder: the mode's table
+    entry, the model (or its config), and the run's parallel sizes, precision and options."""
 
-    def step(batch: Batch) -> float:
-        loss = engine(**{k: v.to(engine.device) for k, v in batch.items()}).loss
-        engine.backward(loss)
-        engine.step()
-        loss = loss.detach().clone()
-        dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=group)
-        return loss.item()
+    mode: Mode
+    model_or_config: Any
+    schedule: Optional[Union[ScheduleFn, ModelSchedule]]
+    ckpt: Union[bool, str, None]
+    optimizer: Callable[[Any], torch.optim.Optimizer]
+    deepspeed_config: Optional[Dict[str, Any]]
+    num_microbatches: int
+    seed: int
+    dtype: Optional[torch.dtype]
+    tensor_parallel: int
+    pipeline_parallel: int
+    env: Any
 
-    return step
-
-
-def _torch_step(model: nn.Module, opt: torch.optim.Optimizer,
-                dp_group: Any = None) -> Callable[[Batch], float]:
-    """Plain PyTorch: forward, backward, optimizer step; the loss averaged over ``dp_group``."""
-    device = next(model.parameters()).device
-
-    def step(batch: Batch) -> float:
-        opt.zero_grad(set_to_none=True)
-        loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
-        loss.backward()
-        opt.step()
-        loss = loss.detach().clone()
-        if dp_group is not None:
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=dp_group)
-        return loss.item()
-
-    return step
+    @property
+    def low_precision(self) -> bool:
+        return self.dtype is not None and self.dtype != torch.float32
 
 
-def _deepspeed_pipeline_step(engine: Any) -> Callable[[Batch], float]:
-    """One ``train_batch`` of a DeepSpeed pipeline engine; the loss is DeepSpeed's (averaged
-    over micro-batches and data-parallel replicas, broadcast over the pipeline)."""
-    from slapo.dialects.deepspeed_pipeline import pipeline_items
-
-    def step(batch: Batch) -> float:
-        return float(engine.train_batch(pipeline_items(engine, batch)))
-
-    return step
+Builder = Callable[[RunnerRequest], Runner]
+BUILDERS: Dict[str, Builder] = {}
 
 
-def _schedule_group(mode: str, world_size: int, tp: int, pp: int = 1) -> Any:
-    """The tensor-parallel group a Slapo mode's schedule shards over (None = the world)."""
-    if mode == "slapo-megatron":
-        from slapo.dialects.megatron import initialize_megatron
+def builds(*modes: str) -> Callable[[Builder], Builder]:
+    """Register a builder for the named modes (each must be in the table of modes, and each
+    mode has exactly one builder: tests/end2end/driver/test_modes.py checks both)."""
+    def register(fn: Builder) -> Builder:
+        for name in modes:
+            get_mode(name)  # a builder for a mode the table does not know is a bug
+            assert name not in BUILDERS, f"two builders for mode {name!r}"
+            BUILDERS[name] = fn
+        return fn
 
-        return initialize_megatron(tp)
-    if (pp > 1 or mode in ("slapo-deepspeed", "slapo-fsdp")) and world_size > 1:
-        # pipelines and TP x FSDP: this rank's block of tp consecutive ranks
-        # (slapo.dialects.layout); ZeRO-3 without TP: one rank per group
-        group, _ = dist.new_subgroups(group_size=1 if mode == "slapo-deepspeed" else tp)
-        return group
-    return None
+    return register
 
 
 def make_runner(
     mode: str,
     model_or_config: Union[str, Any, nn.Module],
     *,
-    schedule: Optional[ScheduleFn] = None,
+    schedule: Optional[Union[ScheduleFn, ModelSchedule]] = None,
     ckpt: Union[bool, str, None] = None,
     optimizer: Callable[[Any], torch.optim.Optimizer] = default_optimizer,
     deepspeed_config: Optional[Dict[str, Any]] = None,
@@ -210,156 +173,107 @@ def make_runner(
     tensor_parallel: Optional[int] = None,
     pipeline_parallel: int = 1,
 ) -> Runner:
-    """Build ``mode``'s model on this rank (see the module docstring).
+    """Build ``mode``'s model on this rank (see the module docstring) with the builder the mode
+    registered (:func:`builds`).
 
     Args:
         model_or_config: a transformers config or a model name of the zoo
-            (``end2end.models``, e.g. ``"gpt2-medium"``); the ``deepspeed``/``slapo-*`` modes
+            (``end2end.models``, e.g. ``"gpt2-medium"``); the modes that train the HF model
             also take a built HF model.
         schedule: the Slapo schedule of the Slapo modes: ``fn(sch)`` or a
             :class:`ModelSchedule` (ignored by the baselines).
         ckpt: activation checkpointing of the baselines: truthy for HF gradient checkpointing
-            (``deepspeed``, ``eager``), ``"full"``/``"selective"`` for megatron's recomputation.
+            (``deepspeed``, ``eager``, ``fsdp``, ``dtensor-tp``), ``"full"``/``"selective"``
+            for megatron's recomputation.
         optimizer: factory ``fn(params)``, the same in every mode.
         deepspeed_config: DeepSpeed config of the ``*deepspeed`` modes (default ZeRO-3).
-        num_microbatches: micro-batches per step of the ``*megatron`` modes.
+        num_microbatches: micro-batches per step of the ``*megatron`` modes and pipelines.
         seed: weights are drawn after ``torch.manual_seed(seed)``.
-        dtype: training precision (default fp32). DeepSpeed modes get the matching
-            ``fp16``/``bf16`` config section (mixed precision, fp32 master weights in ZeRO);
-            the other modes train the model cast to ``dtype`` (pure low precision).
-        tensor_parallel: TP size of the ``*megatron`` modes (default: the world size; the rest
-            of the ranks are data parallel), of pipelines, and of ``slapo-fsdp`` (default 1:
+        dtype: training precision (default fp32). Modes with
+            :attr:`~end2end.spec.modes.Mode.mixed_precision` keep fp32 master weights; the
+            others train the model cast to ``dtype`` (pure low precision).
+        tensor_parallel: TP size of the modes that take one (default: the world size for the
+            modes whose default layout is TP and for pipelines, else 1: ``slapo-fsdp`` is
             FSDP2 alone; T > 1: TP over blocks of T consecutive ranks x FSDP over the rest).
-        pipeline_parallel: number of pipeline stages (``slapo``/``slapo-deepspeed``; the
+        pipeline_parallel: number of pipeline stages (modes with a pipeline target; the
             schedule must cut that many stages, see the module docstring).
 
     Raises:
-        ConfigError: an unknown mode; pipeline stages in another mode, or a schedule that does
-            not cut the model into ``pipeline_parallel`` stages.
+        ConfigError: an unknown mode; pipeline stages in a mode without pipelines, or a
+            schedule that does not cut the model into ``pipeline_parallel`` stages.
     """
-    if mode not in MODES:
-        raise ConfigError(f"unknown mode {mode!r}", call="make_runner",
-                          hint=f"use one of {', '.join(MODES)}")
-    if pipeline_parallel > 1 and mode not in ("slapo", "slapo-deepspeed"):
+    try:
+        info = get_mode(mode)
+    except ConfigError as exc:
+        raise ConfigError(exc.what, call="make_runner", hint=exc.hint) from None
+    if pipeline_parallel > 1 and not info.pipeline_enabled:
         raise ConfigError(f"mode {mode!r} cannot run {pipeline_parallel} pipeline stages",
-                          call="make_runner", hint="pipelines run in modes 'slapo' and "
-                          "'slapo-deepspeed'; see end2end.driver.pipeline_plan")
+                          call="make_runner", hint="pipelines run in modes "
+                          f"{', '.join(repr(m) for m in MODES if get_mode(m).pipeline_enabled)}"
+                          "; see end2end.driver.pipeline_plan")
     env = init_distributed()
-    # default TP: the world (over the pipeline stages); slapo-fsdp is data parallel (FSDP2)
-    tp = tensor_parallel or (1 if mode == "slapo-fsdp" else env.world_size // pipeline_parallel)
-    if mode == "megatron":
-        from slapo.dialects.megatron import MegatronRuntime
+    tp = tensor_parallel or (env.world_size // pipeline_parallel
+                             if info.tp_default or pipeline_parallel > 1 else 1)
+    request = RunnerRequest(info, model_or_config, schedule, ckpt, optimizer, deepspeed_config,
+                            num_microbatches, seed, dtype, tp, pipeline_parallel, env)
+    if pipeline_parallel > 1:
+        return _builders.pipeline_runner(request, scheduled_model(request))
+    return BUILDERS[mode](request)
 
-        from end2end.driver.baselines.megatron_core import build_megatron_model, megatron_loss_fn
 
-        config = _config_of(model_or_config)
-        if isinstance(config, nn.Module):
-            raise ConfigError("mode 'megatron' builds its own model from a config",
-                              call="make_runner", hint="pass the model's config")
-        model = build_megatron_model(config, tp,
-                                     recompute=ckpt if isinstance(ckpt, str) else None,
-                                     seed=seed)
-        if dtype is not None:
-            model = model.to(dtype)
-        opt = optimizer([p for p in model.parameters() if p.requires_grad])
-        runtime = MegatronRuntime(model, opt, megatron_loss_fn(config), num_microbatches)
-        return Runner(mode, model, opt, runtime.train_step)
+def schedule_group(request: RunnerRequest) -> Any:
+    """The tensor-parallel group a Slapo mode's schedule shards over (None = the world):
+    :attr:`~end2end.spec.modes.Mode.schedule_group`."""
+    kind, tp, world = (request.mode.schedule_group, request.tensor_parallel,
+                       request.env.world_size)
+    if kind == "megatron":
+        from slapo.dialects.megatron import initialize_megatron
 
-    group = (_schedule_group(mode, env.world_size, tp, pipeline_parallel)
-             if mode.startswith("slapo") else None)
-    model = model_or_config
+        return initialize_megatron(tp)
+    if (request.pipeline_parallel > 1 or kind in ("blocks", "single")) and world > 1:
+        # pipelines and TP x FSDP: this rank's block of tp consecutive ranks
+        # (slapo.dialects.layout); ZeRO-3 without TP: one rank per group
+        group, _ = dist.new_subgroups(group_size=1 if kind == "single" else tp)
+        return group
+    return None
+
+
+def prepare_hf_model(request: RunnerRequest) -> nn.Module:
+    """The HF model of a mode that trains it: built from the config unless given, HF gradient
+    checkpointing for a baseline with ``ckpt``, cast to a low ``dtype`` unless the runtime keeps
+    fp32 master weights."""
+    model = request.model_or_config
     if not isinstance(model, nn.Module):
-        model = hf_model_from_config(_config_of(model_or_config), seed)
-    if mode in ("deepspeed", "eager", "fsdp", "dtensor-tp") and ckpt and ckpt != "0":
+        model = hf_model_from_config(config_of(model), request.seed)
+    ckpt = request.ckpt
+    if request.mode.ckpt == "hf" and ckpt and ckpt != "0":
         model.gradient_checkpointing_enable()
-    low = dtype is not None and dtype != torch.float32
-    mixed = mode.endswith("deepspeed") or mode.endswith("fsdp")  # fp32 master weights
-    if low and not mixed:
-        model = model.to(dtype)
-    if mode == "dtensor-tp":
-        return _dtensor_tp_runner(model, optimizer, env)
-    if isinstance(schedule, ModelSchedule) and mode.startswith("slapo"):
+    if request.low_precision and not request.mode.mixed_precision:
+        model = model.to(request.dtype)
+    return model
+
+
+def scheduled_model(request: RunnerRequest) -> slapo.Schedule:
+    """The HF model under a schedule: the Slapo modes' recipe (on the mode's TP group, with
+    per-TP-rank RNG streams), an empty schedule for the baselines (the same build path)."""
+    info, env, seed = request.mode, request.env, request.seed
+    group = schedule_group(request) if info.slapo else None
+    model = prepare_hf_model(request)
+    schedule = request.schedule if info.slapo else None
+    if isinstance(schedule, ModelSchedule):
         sch = schedule.apply(model, group)
     else:
         sch = slapo.create_schedule(model, group=group)
-        if schedule is not None and mode.startswith("slapo"):
+        if schedule is not None:
             schedule(sch)
     tp_size = dist.get_world_size(group) if env.world_size > 1 else 1  # group None: the world
-    if mode in ("slapo", "slapo-deepspeed", "slapo-fsdp") and tp_size > 1:
+    if info.slapo and info.schedule_group != "megatron" and tp_size > 1:
         # per-TP-rank RNG streams for the schedule's fork_rng (attention dropout on this
-        # rank's heads); the default stream is shared by the TP group
+        # rank's heads); the default stream is shared by the TP group (megatron-core has its
+        # own tracker)
         slapo.set_random_seed(seed, dp_rank=env.rank // tp_size, tp_rank=dist.get_rank(group))
-    if pipeline_parallel > 1:
-        return _pipeline_runner(mode, sch, pipeline_parallel, optimizer, num_microbatches,
-                                deepspeed_config, dtype)
-    if mode == "slapo-megatron":
-        runtime, opt = slapo.build(sch, target="megatron", optimizer=optimizer,
-                                   num_microbatches=num_microbatches)
-        return Runner(mode, runtime.module, opt, runtime.train_step)
-    if mode.endswith("fsdp"):
-        built, opt = slapo.build(sch, target="fsdp", optimizer=optimizer,
-                                 mixed_precision=dtype if low else None)
-        return Runner(mode, built, opt, _torch_step(built, opt, dist.group.WORLD
-                                                    if env.world_size > 1 else None))
-    if mode in ("eager", "slapo"):
-        built, _ = slapo.build(sch, target="torch")
-        built = built.to(env.device)
-        opt = optimizer([p for p in built.parameters() if p.requires_grad])
-        dp_group = None
-        if mode == "eager" and env.world_size > 1:  # data parallel
-            built = torch.nn.parallel.DistributedDataParallel(built)
-            dp_group = dist.group.WORLD
-        return Runner(mode, built, opt, _torch_step(built, opt, dp_group))
-    ds_config = dict(deepspeed_config or default_deepspeed_config())
-    if low:
-        ds_config["bf16" if dtype == torch.bfloat16 else "fp16"] = {"enabled": True}
-    engine, opt = slapo.build(sch, target="deepspeed", optimizer=optimizer, config=ds_config)
-    return Runner(mode, engine, opt, _deepspeed_step(engine))
+    return sch
 
 
-def _dtensor_tp_runner(model: nn.Module, optimizer: Callable, env: Any) -> Runner:
-    """``dtensor-tp``: the family's DTensor plan over a 1-D mesh of all ranks; forward and
-    backward under ``loss_parallel``; the loss a DTensor, read whole."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from end2end.driver.baselines.dtensor_plans import apply_tp_plan, parallel_loss
-
-    family = getattr(getattr(model, "config", None), "model_type", None) or "wideresnet"
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
-    model = apply_tp_plan(model.to(env.device), family, mesh)
-    opt = optimizer([p for p in model.parameters() if p.requires_grad])
-
-    def step(batch: Batch) -> float:
-        opt.zero_grad(set_to_none=True)
-        with parallel_loss():
-            loss = model(**{k: v.to(env.device) for k, v in batch.items()}).loss
-            loss.backward()
-        opt.step()
-        loss = loss.detach()
-        return (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).item()
-
-    return Runner("dtensor-tp", model, opt, step)
-
-
-def _pipeline_runner(mode: str, sch: slapo.Schedule, stages: int, optimizer: Callable,
-                     num_microbatches: int, deepspeed_config: Optional[Dict[str, Any]],
-                     dtype: Optional[torch.dtype]) -> Runner:
-    """The pipelined ``slapo`` / ``slapo-deepspeed`` runner (see the module docstring)."""
-    from slapo.pipeline.stages import CUTS_KEY
-
-    cuts = list(sch.metadata.get(CUTS_KEY) or [])
-    if len(cuts) + 1 != stages:
-        raise ConfigError(f"pipeline_parallel={stages} but the schedule cuts "
-                          f"{len(cuts) + 1} stage(s) (cuts after {cuts})", call="make_runner",
-                          hint=f"cut_pipeline_stage() after {stages - 1} layer(s), e.g. the "
-                          "recipe's knob pipeline_cuts="
-                          "end2end.driver.pipeline_plan.stage_cuts(...)")
-    if mode == "slapo":
-        model, opt = slapo.build(sch, target="torch", optimizer=optimizer,
-                                 n_microbatches=num_microbatches)
-        return Runner(mode, model, opt, model.train_step)
-    config = dict(deepspeed_config or {})
-    if dtype is not None and dtype != torch.float32:
-        config["bf16" if dtype == torch.bfloat16 else "fp16"] = {"enabled": True}
-    engine, opt = slapo.build(sch, target="deepspeed", optimizer=optimizer, config=config)
-    return Runner(mode, engine, opt, _deepspeed_pipeline_step(engine))
+# The builders register themselves (an explicit import, as every registry here).
+from end2end.driver import builders as _builders  # noqa: E402  (after BUILDERS exists)

@@ -7,7 +7,7 @@ One benchmark case per line (whitespace separated, shell-style quotes)::
 
 * ``#`` starts a comment (whole line or trailing); blank lines are skipped.
 * MODE: ``megatron slapo-megatron deepspeed slapo-deepspeed eager slapo`` and the PyTorch peers
-  ``fsdp slapo-fsdp dtensor-tp`` (:data:`end2end.spec.runspec.MODES`).
+  ``fsdp slapo-fsdp dtensor-tp`` (the table of modes, :mod:`end2end.spec.modes`).
 * MODEL: a name from the zoo (``python -m end2end.models``).
 * GPUS: ``2``, ``2,4,8`` or ``pow2`` (1, 2, 4, ... up to the largest power of two <= the
   available devices/ranks, passed as ``max_devices``). On CPU "GPUs" are gloo ranks.
@@ -42,6 +42,7 @@ from slapo.errors import ConfigError, SlapoError
 from end2end.spec.expr import check_expression, evaluate_batch_size
 from end2end.spec.knobs import check_run_knobs, format_knobs, parse_knobs
 from end2end.models import get_model_spec
+from end2end.spec.modes import RETIRED_MODES, get_mode
 from end2end.spec.runspec import (MODES, SLAPO_MODES, ConfigLine, RunSpec, default_parallel_sizes,
                       format_ratio, run_key)
 
@@ -72,7 +73,8 @@ class ConfigWarning(UserWarning):
 def _parse_ckpt(mode: str, text: str, source: str, strict: bool) -> str:
     """Validate CKPT for ``mode`` and return its canonical text."""
     t = text.strip().lower()
-    if mode == "megatron":
+    kind = get_mode(mode).ckpt
+    if kind == "megatron":
         if t in ("full", "selective"):
             return t
         if t in ("0", "0.0"):
@@ -84,7 +86,7 @@ def _parse_ckpt(mode: str, text: str, source: str, strict: bool) -> str:
             return "full"
         raise ConfigLineError(source, f"CKPT {text!r} is not valid for mode 'megatron'",
                               hint="use 0, full or selective")
-    if mode in ("deepspeed", "eager", "fsdp", "dtensor-tp"):
+    if kind == "hf":
         if t in ("0", "0.0"):
             return "0"
         if t in ("1", "1.0", "full"):
@@ -169,8 +171,8 @@ def _parse_line(tokens: List[str], source: str, strict: bool,
     mode, model, gpus, seq, dec, batch, ckpt = tokens
     if mode not in MODES:
         hint = f"modes are {', '.join(MODES)}"
-        if mode == "torchscript":
-            hint = "TorchScript is deprecated in PyTorch 2.x and not supported; " + hint
+        if mode in RETIRED_MODES:
+            hint = f"{RETIRED_MODES[mode]}; {hint}"
         raise ConfigLineError(source, f"unknown MODE {mode!r}", hint=hint)
     try:
         spec = get_model_spec(model)

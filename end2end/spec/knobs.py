@@ -75,9 +75,9 @@ def check_run_knobs(mode: str, schedule: str, text: str, where: str = "--knob") 
     knobs = parse_knobs(text, where)
     if not knobs:
         return
-    from end2end.spec.runspec import SLAPO_MODES
+    from end2end.spec.modes import SLAPO_MODES, get_mode
 
-    if mode not in SLAPO_MODES:
+    if not get_mode(mode).slapo:
         raise ConfigError(f"{where}: knobs apply to the Slapo modes only, not {mode!r}",
                           hint=f"use one of {', '.join(SLAPO_MODES)}, or drop the knobs "
                           "(in a config: '#@ knobs=' resets them)")

@@ -2,7 +2,8 @@
 
 :class:`ConfigLine` is one parsed config line, :class:`RunSpec` one run of it at one rank count;
 :func:`run_key` identifies a run in a results file and :func:`default_parallel_sizes` gives the
-artifact's (TP, PP, DP) layout of a mode. Parsing lives in :mod:`end2end.spec.config_file`.
+artifact's (TP, PP, DP) layout of a mode (from the table of modes, :mod:`end2end.spec.modes`).
+Parsing lives in :mod:`end2end.spec.config_file`.
 """
 
 from __future__ import annotations
@@ -10,15 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple, Union
 
-__all__ = ["MODES", "SLAPO_MODES", "TP_MODES", "ConfigLine", "RunSpec", "format_ratio", "run_key",
-           "default_parallel_sizes"]
+from end2end.spec.modes import MODES, SLAPO_MODES, Mode, get_mode
 
-# The one list of benchmark modes (the driver, the configs and the runtimes read it from here).
-MODES = ("megatron", "slapo-megatron", "deepspeed", "slapo-deepspeed", "eager", "slapo",
-         "fsdp", "slapo-fsdp", "dtensor-tp")
-SLAPO_MODES = ("slapo", "slapo-megatron", "slapo-deepspeed", "slapo-fsdp")
-# modes whose default layout is tensor parallel over all ranks (the others are data parallel)
-TP_MODES = ("megatron", "slapo-megatron", "slapo", "dtensor-tp")
+__all__ = ["MODES", "SLAPO_MODES", "ConfigLine", "RunSpec", "format_ratio", "run_key",
+           "default_parallel_sizes"]
 
 
 def format_ratio(ratio: float) -> str:
@@ -29,8 +25,8 @@ def format_ratio(ratio: float) -> str:
 def default_parallel_sizes(mode: str, n: int) -> Tuple[int, int, int]:
     """(TP, PP, DP) of a run without a layout directive, as in the artifact: Megatron modes,
     ``slapo`` and ``dtensor-tp`` shard over all ranks (TP = n); DeepSpeed modes (ZeRO-3), the
-    FSDP2 modes and ``eager`` are data parallel (DP = n)."""
-    return (n, 1, 1) if mode in TP_MODES else (1, 1, n)
+    FSDP2 modes and ``eager`` are data parallel (DP = n) (:attr:`Mode.tp_default`)."""
+    return get_mode(mode).default_parallel_sizes(n)
 
 
 def run_key(mode: str, model: str, seq_len: int, dec_seq_len: int, n: int, batch_size: int,
@@ -100,17 +96,19 @@ class RunSpec:
                        self.batch_size, self.ckpt, tp, pp, self.knobs, self.repeat)
 
     @property
+    def mode_info(self) -> Mode:
+        """The run's entry in the table of modes."""
+        return get_mode(self.mode)
+
+    @property
     def framework(self) -> str:
         """``megatron``, ``deepspeed``, ``fsdp`` (FSDP2) or ``torch`` (eager / slapo on plain
-        PyTorch, DTensor TP)."""
-        for framework in ("megatron", "deepspeed", "fsdp"):
-            if self.mode.endswith(framework):
-                return framework
-        return "torch"
+        PyTorch, DTensor TP): :attr:`Mode.framework`."""
+        return self.mode_info.framework
 
     @property
     def is_slapo(self) -> bool:
-        return self.mode in SLAPO_MODES
+        return self.mode_info.slapo
 
     @property
     def ckpt_ratio(self) -> Optional[float]:

@@ -1,0 +1,187 @@
+"""The builders of the benchmark modes: one small function per framework, registered for its
+modes with :func:`~end2end.driver.runtimes.builds` (the table of modes, :mod:`end2end.spec.modes`,
+says what each mode is; :func:`~end2end.driver.runtimes.make_runner` calls its builder), and the
+training step of each runtime. A new mode needs an entry in the table and, unless an existing
+builder fits, one function here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import slapo
+from slapo.errors import ConfigError
+
+from end2end.driver.runtimes import (Batch, Runner, RunnerRequest, config_of, prepare_hf_model,
+                                     scheduled_model, builds, default_deepspeed_config)
+
+__all__ = ["pipeline_runner"]
+
+
+def _deepspeed_step(engine: Any) -> Callable[[Batch], float]:
+    group = getattr(engine, "data_parallel_group", None)
+
+    def step(batch: Batch) -> float:
+        loss = engine(**{k: v.to(engine.device) for k, v in batch.items()}).loss
+        engine.backward(loss)
+        engine.step()
+        loss = loss.detach().clone()
+        dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=group)
+        return loss.item()
+
+    return step
+
+
+def _torch_step(model: nn.Module, opt: torch.optim.Optimizer,
+                dp_group: Any = None) -> Callable[[Batch], float]:
+    """Plain PyTorch: forward, backward, optimizer step; the loss averaged over ``dp_group``."""
+    device = next(model.parameters()).device
+
+    def step(batch: Batch) -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+        loss.backward()
+        opt.step()
+        loss = loss.detach().clone()
+        if dp_group is not None:
+            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=dp_group)
+        return loss.item()
+
+    return step
+
+
+def _deepspeed_pipeline_step(engine: Any) -> Callable[[Batch], float]:
+    """One ``train_batch`` of a DeepSpeed pipeline engine; the loss is DeepSpeed's (averaged
+    over micro-batches and data-parallel replicas, broadcast over the pipeline)."""
+    from slapo.dialects.deepspeed_pipeline import pipeline_items
+
+    def step(batch: Batch) -> float:
+        return float(engine.train_batch(pipeline_items(engine, batch)))
+
+    return step
+
+
+@builds("megatron")
+def _megatron_baseline(request: RunnerRequest) -> Runner:
+    """megatron-core's own model from the HF config, under its runtime."""
+    from slapo.dialects.megatron import MegatronRuntime
+
+    from end2end.driver.baselines.megatron_core import build_megatron_model, megatron_loss_fn
+
+    config = config_of(request.model_or_config)
+    if isinstance(config, nn.Module):
+        raise ConfigError("mode 'megatron' builds its own model from a config",
+                          call="make_runner", hint="pass the model's config")
+    ckpt = request.ckpt
+    model = build_megatron_model(config, request.tensor_parallel,
+                                 recompute=ckpt if isinstance(ckpt, str) else None,
+                                 seed=request.seed)
+    if request.dtype is not None:
+        model = model.to(request.dtype)
+    opt = request.optimizer([p for p in model.parameters() if p.requires_grad])
+    runtime = MegatronRuntime(model, opt, megatron_loss_fn(config), request.num_microbatches)
+    return Runner(request.mode.name, model, opt, runtime.train_step)
+
+
+@builds("slapo-megatron")
+def _megatron_runner(request: RunnerRequest) -> Runner:
+    """The scheduled model under megatron-core's runtime."""
+    runtime, opt = slapo.build(scheduled_model(request), target="megatron",
+                               optimizer=request.optimizer,
+                               num_microbatches=request.num_microbatches)
+    return Runner(request.mode.name, runtime.module, opt, runtime.train_step)
+
+
+@builds("fsdp", "slapo-fsdp")
+def _fsdp_runner(request: RunnerRequest) -> Runner:
+    """FSDP2 over the (scheduled) model; data parallel over the world."""
+    built, opt = slapo.build(scheduled_model(request), target="fsdp",
+                             optimizer=request.optimizer,
+                             mixed_precision=request.dtype if request.low_precision else None)
+    dp_group = dist.group.WORLD if request.env.world_size > 1 else None
+    return Runner(request.mode.name, built, opt, _torch_step(built, opt, dp_group))
+
+
+@builds("eager", "slapo")
+def _torch_runner(request: RunnerRequest) -> Runner:
+    """Plain PyTorch; the unscheduled model is data parallel (DDP) on several ranks, the
+    scheduled one runs its own (TP) layout."""
+    built, _ = slapo.build(scheduled_model(request), target="torch")
+    built = built.to(request.env.device)
+    opt = request.optimizer([p for p in built.parameters() if p.requires_grad])
+    dp_group = None
+    if not request.mode.slapo and request.env.world_size > 1:  # data parallel
+        built = torch.nn.parallel.DistributedDataParallel(built)
+        dp_group = dist.group.WORLD
+    return Runner(request.mode.name, built, opt, _torch_step(built, opt, dp_group))
+
+
+@builds("deepspeed", "slapo-deepspeed")
+def _deepspeed_runner(request: RunnerRequest) -> Runner:
+    """DeepSpeed's engine (ZeRO-3 unless the config says otherwise) over the (scheduled)
+    model."""
+    ds_config = dict(request.deepspeed_config or default_deepspeed_config())
+    _add_precision(ds_config, request.dtype)
+    engine, opt = slapo.build(scheduled_model(request), target="deepspeed",
+                              optimizer=request.optimizer, config=ds_config)
+    return Runner(request.mode.name, engine, opt, _deepspeed_step(engine))
+
+
+def _add_precision(ds_config: Dict[str, Any], dtype: Optional[torch.dtype]) -> None:
+    """DeepSpeed's fp16/bf16 section for a low-precision run (fp32 master weights)."""
+    if dtype is not None and dtype != torch.float32:
+        ds_config["bf16" if dtype == torch.bfloat16 else "fp16"] = {"enabled": True}
+
+
+@builds("dtensor-tp")
+def _dtensor_tp_runner(request: RunnerRequest) -> Runner:
+    """``dtensor-tp``: the family's DTensor plan over a 1-D mesh of all ranks; forward and
+    backward under ``loss_parallel``; the loss a DTensor, read whole."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from end2end.driver.baselines.dtensor_plans import apply_tp_plan, parallel_loss
+
+    env, model = request.env, prepare_hf_model(request)
+    family = getattr(getattr(model, "config", None), "model_type", None) or "wideresnet"
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    model = apply_tp_plan(model.to(env.device), family, mesh)
+    opt = request.optimizer([p for p in model.parameters() if p.requires_grad])
+
+    def step(batch: Batch) -> float:
+        opt.zero_grad(set_to_none=True)
+        with parallel_loss():
+            loss = model(**{k: v.to(env.device) for k, v in batch.items()}).loss
+            loss.backward()
+        opt.step()
+        loss = loss.detach()
+        return (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).item()
+
+    return Runner(request.mode.name, model, opt, step)
+
+
+def pipeline_runner(request: RunnerRequest, sch: slapo.Schedule) -> Runner:
+    """A pipelined run on the mode's pipeline target (``torch``: the torch pipeline dialect,
+    ``deepspeed``: a DeepSpeed ``PipelineEngine``; see the module docstring)."""
+    from slapo.pipeline.stages import CUTS_KEY
+
+    stages, name = request.pipeline_parallel, request.mode.name
+    cuts = list(sch.metadata.get(CUTS_KEY) or [])
+    if len(cuts) + 1 != stages:
+        raise ConfigError(f"pipeline_parallel={stages} but the schedule cuts "
+                          f"{len(cuts) + 1} stage(s) (cuts after {cuts})", call="make_runner",
+                          hint=f"cut_pipeline_stage() after {stages - 1} layer(s), e.g. the "
+                          "recipe's knob pipeline_cuts="
+                          "end2end.driver.pipeline_plan.stage_cuts(...)")
+    if request.mode.pipeline_target == "torch":
+        model, opt = slapo.build(sch, target="torch", optimizer=request.optimizer,
+                                 n_microbatches=request.num_microbatches)
+        return Runner(name, model, opt, model.train_step)
+    config = dict(request.deepspeed_config or {})
+    _add_precision(config, request.dtype)
+    engine, opt = slapo.build(sch, target="deepspeed", optimizer=request.optimizer,
+                              config=config)
+    return Runner(name, engine, opt, _deepspeed_pipeline_step(engine))
