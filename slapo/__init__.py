@@ -45,14 +45,15 @@ from .sharding import check_layouts, reduce_replicated_grads
 from .trace.pattern import Subgraph, call_module
 from .verification.explain import explain
 from .verification.rules import Problem, check_schedule
-from .verification.verify import Verify, VerifyReport, verify
+from .verification.verify import Verify, VerifyOptions, VerifyReport, verify
 from .weights.checkpoint_io import load_checkpoint, save_checkpoint
 from .weights.delayed_init import init_empty_weights, materialize
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "create_schedule", "Schedule", "build", "verify", "Verify", "VerifyReport", "explain",
+    "create_schedule", "Schedule", "build", "verify", "Verify", "VerifyOptions", "VerifyReport",
+    "explain",
     "check_schedule", "Problem",
     "Primitive", "register_primitive", "list_primitives",
     "History", "HistoryEntry", "Deferred", "Subgraph", "call_module",

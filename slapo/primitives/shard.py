@@ -1,40 +1,25 @@
-"""``shard``: keep this rank's part of parameters/buffers for tensor parallelism."""
+"""``shard``: keep this rank's part of parameters/buffers for tensor parallelism.
+
+``Shard.apply`` works in two steps: :func:`~slapo.primitives.shard_plan.plan_shard` resolves and
+validates the call into a :class:`~slapo.primitives.shard_plan.ShardPlan` (nothing changes if it
+raises), then the plan is applied here: each tensor is sliced once, every owner re-pointed to the
+new tensor, and each owner's shard rule records its layout.
+"""
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Sequence, Union
 
-import torch
 from torch import nn
 
-from ..errors import ShardError
 from ..sharding.layout import ShardInfo
-from ..sharding.rules import RuleViolation, ShardContext, head_rule_for, rule_for
-from ..sharding.spec import SHARD_ATTR, ShardSpec, get_shard_spec, set_shard_spec
+from ..sharding.rules import ShardContext, head_rule_for, rule_for
+from ..sharding.spec import SHARD_ATTR, ShardSpec, set_shard_spec
 from .annotate import copy_param_tags
-from .module_checks import closest, format_call
 from .registry import Primitive, register_primitive
+from .shard_plan import OwnerShard, ShardPlan, TensorShard, plan_shard, tensor_owners
 
-__all__ = ["Shard", "tensor_owners"]
-
-Owner = Tuple[str, nn.Module, str]  # (module path from the root, module, tensor attribute)
-
-
-def tensor_owners(root: nn.Module, tensor: torch.Tensor) -> List[Owner]:
-    """Every ``(path, module, name)`` in ``root`` holding exactly ``tensor`` (tied weights)."""
-    out = []
-    for path, mod in root.named_modules(remove_duplicate=False):
-        for name, t in list(mod._parameters.items()) + list(mod._buffers.items()):
-            if t is tensor and all(m is not mod or n != name for _, m, n in out):
-                out.append((path, mod, name))
-    return out
-
-
-def _vocab_hint(sch, size: int, ws: int) -> Optional[str]:
-    config = getattr(sch.root.mod, "config", None)
-    if getattr(config, "vocab_size", None) == size:
-        return f"pad vocab_size to a multiple of {ws}"
-    return None
+__all__ = ["Shard", "apply_plan", "tensor_owners"]
 
 
 @register_primitive
@@ -75,141 +60,51 @@ class Shard(Primitive):
                 meaningful for the module, size not divisible by ``world_size * fused``, the
                 tensor is already sharded, an invalid combination (e.g. sharding the bias of a
                 row-sharded Linear), a head count the TP size does not divide, or a fused
-                projection sharded without the right ``fused``.
+                projection sharded without the right ``fused``. Everything is checked
+                (:func:`~slapo.primitives.shard_plan.plan_shard`) before anything changes.
         """
-        names_list = [names] if isinstance(names, str) else list(names) \
-            if isinstance(names, (list, tuple)) else None
-        call = format_call("shard", names, axis=axis, **({"fused": fused} if fused != 1 else {}))
-
-        def error(what: str, hint: str, mod: Optional[nn.Module] = None) -> ShardError:
-            return ShardError(what, path=sch.path, call=call, module=mod or sch.mod, hint=hint)
-
-        if not names_list or not all(isinstance(n, str) for n in names_list):
-            raise error(f"names must be a str or a list of str, got {names!r}",
-                        "e.g. shard('weight', axis=0) or shard(['weight', 'bias'], axis=0)")
-        if len(set(names_list)) != len(names_list):
-            raise error(f"names {names_list} contain duplicates", "name each tensor once")
-        if not isinstance(axis, int) or isinstance(axis, bool):
-            raise error(f"axis must be an int, got {axis!r}", "e.g. axis=0")
-        if not isinstance(fused, int) or isinstance(fused, bool) or fused < 1:
-            raise error(f"fused must be a positive int, got {fused!r}",
-                        "fused=3 for a fused q/k/v projection, else leave it out")
-        ws, rank = sch.world_size, sch.rank
-        ctx = ShardContext(ws, rank)
-        known = [n for n, _ in sch.mod.named_parameters()] + [n for n, _ in sch.mod.named_buffers()]
-
-        # ---- validate everything before changing anything
-        plan: Dict[int, Tuple[torch.Tensor, int, List[Owner]]] = {}
-        named: set = set()  # (id(module), name) named by this call
-        per_owner: Dict[int, Tuple[nn.Module, str, Dict[str, int]]] = {}
-        for full_name in names_list:
-            prefix, _, leaf = full_name.rpartition(".")
-            try:
-                owner = sch.mod.get_submodule(prefix) if prefix else sch.mod
-            except AttributeError:
-                owner = None
-            tensor = None if owner is None else owner._parameters.get(leaf,
-                                                                    owner._buffers.get(leaf))
-            if tensor is None:
-                raise error(f"no parameter or buffer named '{full_name}'",
-                            closest(full_name, known))
-            rule = rule_for(owner)
-            ax = axis + tensor.dim() if -tensor.dim() <= axis < 0 else axis
-            try:
-                ax = rule.tensor_axis(owner, leaf, tensor, ax)
-            except RuleViolation as v:
-                raise error(v.what, v.hint, owner) from None
-            if not 0 <= ax < tensor.dim():
-                raise error(f"axis {axis} is out of range for '{full_name}' of shape "
-                            f"{tuple(tensor.shape)}",
-                            f"use an axis in 0..{tensor.dim() - 1}", owner)
-            spec = get_shard_spec(tensor)
-            owner_path = f"{sch.path}.{prefix}".strip(".") if prefix else sch.path
-            if spec is not None:
-                info = sch.root[owner_path].metadata.get("shard")
-                if spec.axis == ax and (info is None or leaf not in info.named):
-                    if info is not None:  # sharded already through a tied partner: no-op
-                        info.named.add(leaf)
-                    continue
-                raise error(f"'{full_name}' is already sharded (axis {spec.axis}, "
-                            f"{spec.world_size} ranks)", "shard each tensor once", owner)
-            size = tensor.shape[ax]
-            if size % (ws * fused):
-                what = (f"{size} is not divisible by the tensor-parallel size {ws}" if fused == 1
-                        else f"{size} is not divisible by {fused} fused parts x tensor-parallel "
-                        f"size {ws}")
-                hint = _vocab_hint(sch, size, ws) or (
-                    f"choose a tensor-parallel size that divides {size // fused}, or pad that "
-                    f"dimension to a multiple of {ws * fused}")
-                raise error(what, hint, owner)
-            owners = tensor_owners(sch.root.mod, tensor)
-            plan[id(tensor)] = (tensor, ax, owners)
-            named.add((id(owner), leaf))
-            for opath, omod, oname in owners:
-                entry = per_owner.setdefault(id(omod), (omod, opath, {}))
-                entry[2][oname] = ax
-
-        for omod, opath, new in per_owner.values():
-            node = sch.root[opath]
-            info = node.metadata.get("shard") or ShardInfo()
-            try:
-                rule_for(omod).check(omod, {**info.tensors, **new})
-                _check_heads(node, omod, new, fused, ws, rule_for(omod))
-            except RuleViolation as v:
-                raise error(v.what, v.hint, omod) from None
-
-        # ---- apply
-        for tensor, ax, owners in plan.values():
-            spec = ShardSpec(ax, ws, rank, tuple(tensor.shape), parts=fused)
-            local = spec.slice_of(tensor.detach())
-            if isinstance(tensor, nn.Parameter):
-                new_t = nn.Parameter(local, requires_grad=tensor.requires_grad)
-                copy_param_tags(tensor, new_t, sch.param_tags)
-            else:
-                new_t = local
-            set_shard_spec(new_t, spec)
-            for _, omod, oname in owners:
-                store = omod._parameters if oname in omod._parameters else omod._buffers
-                store[oname] = new_t
-        sch.param_tags.add(SHARD_ATTR)
-        for omod, opath, new in per_owner.values():
-            node = sch.root[opath]
-            info = node.metadata.setdefault("shard", ShardInfo())
-            info.tensors.update(new)
-            info.named.update(n for n in new if (id(omod), n) in named)
-            info.fused = max(info.fused, fused)
-            rule_for(omod).update(omod, info, ctx)
-            _localize_heads(node, ws)
+        apply_plan(sch, plan_shard(sch, names, axis, fused))
 
 
-def _check_heads(node, mod: nn.Module, new: Dict[str, int], fused: int, ws: int, rule) -> None:
-    """Head-count and fused-projection checks for head projections of known attention modules."""
-    parent = node.parent
-    head_rule = head_rule_for(parent.mod if parent is not None else None)
-    if head_rule is None or node.name not in head_rule.projections(parent.mod):
-        return
-    out_axis = getattr(rule, "weight_out_axis", None)
-    weight = getattr(mod, "weight", None)
-    if out_axis is None or weight is None or new.get("weight", out_axis) != out_axis:
-        return  # not a column shard of the projection
-    expected = head_rule.projections(parent.mod)[node.name]
-    if fused != expected:
-        raise RuleViolation(
-            f"'{node.name}' of {type(parent.mod).__name__} fuses {expected} projections along "
-            f"its output axis; sharding it with fused={fused} would mix them across ranks",
-            f"pass fused={expected}, so each rank keeps whole heads of every projection")
-    head_dim = getattr(parent.mod, head_rule.head_dim)
-    heads = weight.shape[out_axis] // expected // head_dim
-    if heads % ws:
-        raise RuleViolation(
-            f"'{node.name}' has {heads} heads of size {head_dim}, which cannot be split over "
-            f"{ws} ranks", f"use a tensor-parallel size that divides {heads}")
-    for attr in head_rule.divide:
-        value = getattr(parent.mod, attr)
-        if "slapo_local_heads" not in parent.metadata and value % ws:
-            raise RuleViolation(f"{type(parent.mod).__name__}.{attr} = {value} is not divisible "
-                                f"by the tensor-parallel size {ws}",
-                                f"use a tensor-parallel size that divides {value}")
+def apply_plan(sch, plan: ShardPlan) -> None:
+    """Apply a validated :class:`ShardPlan` of ``sch`` (from :func:`plan_shard`)."""
+    for owner_path, name in plan.tie_marks:
+        sch.root[owner_path].metadata["shard"].named.add(name)
+    for shard in plan.tensors:
+        _slice(sch, shard, plan)
+    sch.param_tags.add(SHARD_ATTR)
+    ctx = ShardContext(plan.world_size, plan.rank)
+    for owner in plan.owners:
+        _record(sch, owner, plan, ctx)
+
+
+def _slice(sch, shard: TensorShard, plan: ShardPlan) -> None:
+    """Replace the tensor by this rank's chunk in every module holding it; a Parameter stays a
+    Parameter with the old one's tags, and the chunk carries its ``ShardSpec``."""
+    tensor = shard.tensor
+    spec = ShardSpec(shard.axis, plan.world_size, plan.rank, shard.global_shape,
+                     parts=plan.call.fused)
+    local = spec.slice_of(tensor.detach())
+    if isinstance(tensor, nn.Parameter):
+        new_t = nn.Parameter(local, requires_grad=tensor.requires_grad)
+        copy_param_tags(tensor, new_t, sch.param_tags)
+    else:
+        new_t = local
+    set_shard_spec(new_t, spec)
+    for _, omod, oname in shard.owners:
+        store = omod._parameters if oname in omod._parameters else omod._buffers
+        store[oname] = new_t
+
+
+def _record(sch, owner: OwnerShard, plan: ShardPlan, ctx: ShardContext) -> None:
+    """Extend the owner's ``ShardInfo`` and let its rule fix its attributes and layout."""
+    node = sch.root[owner.path]
+    info = node.metadata.setdefault("shard", ShardInfo())
+    info.tensors.update(owner.axes)
+    info.named.update(owner.named)
+    info.fused = max(info.fused, plan.call.fused)
+    rule_for(owner.module).update(owner.module, info, ctx)
+    _localize_heads(node, plan.world_size)
 
 
 def _localize_heads(node, ws: int) -> None:

@@ -6,6 +6,8 @@ original parameter, parameters after optimizer steps, and the first diverging mo
     sch = slapo.create_schedule(model, keep_original=True)
     ... primitives ...
     report = slapo.verify(sch, example_inputs)            # raises VerifyError on a mismatch
+    exact = slapo.VerifyOptions(dtype=torch.float64, steps=3)
+    report = slapo.verify(sch, example_inputs, options=exact)   # = dtype=..., steps=3
 
     with slapo.Verify(sch, example_inputs):               # verifies the block's primitives
         sch["encoder.layer.0.attention.self.query"].shard("weight", axis=0)
@@ -24,9 +26,7 @@ to the original layout, for values, gradients and parameters after steps.
 from __future__ import annotations
 
 import copy
-import difflib
-import inspect
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -36,7 +36,7 @@ from ..errors import VerifyError
 from ..schedule import Schedule
 from ..sharding.spec import get_shard_spec
 from ..testing.compare import outputs_of
-from ..weights.delayed_init import InitFn
+from .options import OPTION_NAMES, VerifyOptions, check_keywords, make_options
 from .rules import check_schedule
 from .targets import (
     check_device,
@@ -61,7 +61,10 @@ from .tools import (
     VerifyReport,
 )
 
-__all__ = ["verify", "Verify", "VerifyReport"]
+__all__ = ["verify", "Verify", "VerifyOptions", "VerifyReport"]
+
+# Keyword arguments of verify: its own and every VerifyOptions field.
+VERIFY_KEYWORDS = ("inputs", "reference", *OPTION_NAMES, "options")
 
 
 def _src_rank(group) -> int:
@@ -129,21 +132,8 @@ def verify(
     *,
     inputs: Any = None,
     reference: Optional[nn.Module] = None,
-    check_grads: bool = True,
-    dtype: Optional[torch.dtype] = None,
-    rtol: Optional[float] = None,
-    atol: Optional[float] = None,
-    steps: int = 1,
-    lr: float = 0.1,
-    eval_mode: bool = True,
-    seed: int = 2023,
-    localize: bool = True,
-    rules: bool = True,
-    load_weights: bool = True,
-    init_weights: InitFn = True,
-    init_seed: int = 0,
-    device: Any = None,
-    raise_on_mismatch: bool = True,
+    options: Optional[VerifyOptions] = None,
+    **keywords: Any,
 ) -> VerifyReport:
     """Compare the scheduled model (or one scheduled sub-module) with the original.
 
@@ -160,88 +150,89 @@ def verify(
         reference: the original, unscheduled model (for a sub-module also: that module
             alone); defaults to the copy kept by ``create_schedule(model, keep_original=True)``
             or by a ``Verify`` block. It is copied, never modified.
-        check_grads: also compare the gradient of every original parameter, including those
-            the schedule renamed or re-laid (a fused ``qkv_proj``, GPT-2's ``c_attn`` ...),
-            rebuilt in the original layout from the provenance records of the replacement
-            modules (:mod:`slapo.provenance`); originals with neither a same-named parameter
-            nor a record are listed in ``report.unmatched``.
-        dtype: run both models in this dtype (``torch.float64`` removes float noise).
-        rtol, atol: tolerances (default by dtype:
-            :func:`slapo.verification.tools.default_tolerances`).
-        steps: with ``steps > 1``, take that many SGD(``lr``) steps and compare parameters too.
-        eval_mode: run in eval mode (no dropout); in train mode, dropout masks must match, which
-            holds only outside ``fork_rng`` regions.
-        localize: record module outputs (and output gradients) to name the first diverging
-            module on a mismatch.
-        rules: first check the schedule's rules (``check_schedule``); any problem fails the
-            verification without running the model.
-        load_weights: load the original's weights (broadcast from the group's first rank) into
-            the scheduled parameters of the same name, each rank taking its shard, so that both
-            models start from identical weights even if the ranks initialised differently.
-            Parameters without a same-named original (e.g. a fused q/k/v) keep their values;
-            those with a provenance record have them compared with the original's instead.
-        init_weights, init_seed, device: for a model built under ``init_empty_weights()``
-            (meta tensors): the reference copy and the scheduled module are materialised as
-            ``slapo.build(sch, init_weights=..., init_seed=..., device=...)`` would (same
-            deterministic per-module values; this rank's shards only) and the scheduled
-            module's meta tensors are put back afterwards. ``device`` defaults to the inputs'.
-            Nothing is moved: a real weight or an input on another ``device`` is an error
-            (the original Slapo's ``Verify(..., device="cuda")`` moved the model there).
-        raise_on_mismatch: raise :class:`VerifyError` (else just return the report).
+        options: how to compare (:class:`~slapo.VerifyOptions`: gradients, dtype, tolerances,
+            SGD steps, rules, materialising a meta model, raising); default: its defaults.
+        **keywords: any field of :class:`~slapo.VerifyOptions` by name (``dtype=``,
+            ``steps=``, ``raise_on_mismatch=`` ...), as a shorthand for ``options=``; given
+            together with ``options=``, each must agree with it.
+
+    Raises:
+        VerifyError: a rule problem or a numerical mismatch (unless
+            ``raise_on_mismatch=False``), a weight or an input on another ``device``, an unknown
+            keyword (with the closest name), or a keyword contradicting ``options=``.
 
     The scheduled model's weights, gradients, dtypes and mode are restored afterwards.
     """
+    check_keywords(keywords, VERIFY_KEYWORDS, "verify")
+    opts = make_options(options, keywords, "verify")
     root = sch.root
     group = root.group
-    if device is not None:
-        check_device(sch, device, inputs if inputs is not None else example_inputs)
-    if rules:
-        problems = check_schedule(root)
-        if sch is not root:
-            problems = [p for p in problems if p.path == sch.path
-                        or str(p.path).startswith(sch.path + ".")]
-        if problems:
-            report = VerifyReport(problems=problems, ok=False,
-                                  rank=dist.get_rank() if dist.is_initialized() else 0)
-            if raise_on_mismatch:
-                raise VerifyError(str(report), call="verify",
-                                  hint="fix the listed rule violations (or rules=False to run "
-                                  "the numerical check anyway)")
+    if opts.device is not None:
+        check_device(sch, opts.device, inputs if inputs is not None else example_inputs)
+    if opts.rules:
+        report = _check_rules(sch, opts.raise_on_mismatch)
+        if report is not None:
             return report
     ref_root, ref_src = reference_of(sch, reference)
+    device = opts.device
     if device is None:
         device = _first_device(inputs if inputs is not None else example_inputs)
-    inputs = inputs_of(sch, ref_root, example_inputs, inputs, init_weights, device, init_seed)
+    inputs = inputs_of(sch, ref_root, example_inputs, inputs, opts.init_weights, device,
+                       opts.init_seed)
     distributed = _distributed(group)
     if distributed:
         inputs = map_tensors(inputs, lambda t: _broadcast_(t, group))
-    with materialized(sch, ref_src, init_weights, device, init_seed) as (ref_model, fresh):
+    with materialized(sch, ref_src, opts.init_weights, device, opts.init_seed) as pair:
+        ref_model, fresh = pair
         model = sch.mod
         if distributed:
             for t in list(ref_model.parameters()) + list(ref_model.buffers()):
                 t.data = _broadcast_(t.data, group)
         saved = _SavedState(model)
         try:
-            if load_weights:
+            if opts.load_weights:
                 _load_reference_weights(ref_model, model)
                 if fresh:
                     load_derived(ref_model, model)
-            report = _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol,
-                          steps, lr, eval_mode, seed, localize, input_grads=sch.parent is not None)
+            report = _run(ref_model, model, inputs, group, opts, input_grads=sch.parent is not None)
         finally:
             saved.restore()
     if sch.path:
         full_paths(report, sch.path)
     report.rank = dist.get_rank() if dist.is_initialized() else 0
+    _raise_on_mismatch(report, group, distributed, opts)
+    return report
+
+
+def _check_rules(sch: Schedule, raise_on_mismatch: bool) -> Optional[VerifyReport]:
+    """The failed report of the schedule's rule problems (in ``sch``'s subtree), if any."""
+    root = sch.root
+    problems = check_schedule(root)
+    if sch is not root:
+        problems = [p for p in problems if p.path == sch.path
+                    or str(p.path).startswith(sch.path + ".")]
+    if not problems:
+        return None
+    report = VerifyReport(problems=problems, ok=False,
+                          rank=dist.get_rank() if dist.is_initialized() else 0)
+    if raise_on_mismatch:
+        raise VerifyError(str(report), call="verify",
+                          hint="fix the listed rule violations (or rules=False to run "
+                          "the numerical check anyway)")
+    return report
+
+
+def _raise_on_mismatch(report: VerifyReport, group, distributed: bool,
+                       opts: VerifyOptions) -> None:
+    """Raise VerifyError if any rank failed (all ranks agree on it), unless told not to."""
     ok = torch.tensor([1 if report.ok else 0])
     if distributed:
         dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
-    if raise_on_mismatch and not bool(ok.item()):
+    if opts.raise_on_mismatch and not bool(ok.item()):
         if report.ok:
             raise VerifyError("verification failed on another rank (this rank matched)",
                               call="verify", hint="see that rank's error for the details")
-        raise VerifyError(str(report), call="verify", hint=_hint(report, dtype))
-    return report
+        raise VerifyError(str(report), call="verify", hint=_hint(report, opts.dtype))
 
 
 def _hint(report: VerifyReport, dtype: Optional[torch.dtype]) -> str:
@@ -267,36 +258,36 @@ def _hint(report: VerifyReport, dtype: Optional[torch.dtype]) -> str:
 _FLOAT32_LEVEL = 1e-4  # relative differences below this in a float64 run are float32 rounding
 
 
-def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps, lr, eval_mode,
-         seed, localize, input_grads=False) -> VerifyReport:
-    if dtype is not None:
-        ref_model.to(dtype)
-        model.to(dtype)
-        inputs = map_tensors(inputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
-    run_dtype = dtype or next(ref_model.parameters()).dtype
-    d_rtol, d_atol = default_tolerances(run_dtype)
-    rtol = d_rtol if rtol is None else rtol
-    atol = d_atol if atol is None else atol
-    ref_model.train(not eval_mode)
-    model.train(not eval_mode)
+def _run(ref_model, model, inputs, group, opts: VerifyOptions,
+         input_grads: bool = False) -> VerifyReport:
+    """Run both models ``opts.steps`` times from the same seed and compare outputs (first step),
+    gradients (first step; of the module's inputs too with ``input_grads``) and parameters after
+    each SGD step; the first diverging module is found from the first step's records."""
+    if opts.dtype is not None:
+        ref_model.to(opts.dtype)
+        model.to(opts.dtype)
+        inputs = map_tensors(inputs, lambda t: t.to(opts.dtype) if t.is_floating_point() else t)
+    tol = _tolerances(opts, opts.dtype or next(ref_model.parameters()).dtype)
+    ref_model.train(not opts.eval_mode)
+    model.train(not opts.eval_mode)
     sch_params = dict(model.named_parameters())
     ref_params = dict(ref_model.named_parameters())
     derived = DerivedParams(model, ref_params, sch_params)
     report = VerifyReport(derived=derived.held_as())
     report.unmatched = [n for n in ref_params if n not in sch_params and n not in derived.sources]
     for name, value in derived.rebuild(group, grad=False).items():
-        report.derived_values[name] = compare(value, ref_params[name].data, rtol, atol)
-    opts = [torch.optim.SGD(m.parameters(), lr=lr) for m in (ref_model, model)]
-    for step in range(steps):
-        recorders = [OutputRecorder(m) for m in (ref_model, model)] if localize and step == 0 \
-            else None
+        report.derived_values[name] = compare(value, ref_params[name].data, *tol)
+    sgd = [torch.optim.SGD(m.parameters(), lr=opts.lr) for m in (ref_model, model)]
+    for step in range(opts.steps):
+        recorders = [OutputRecorder(m) for m in (ref_model, model)] \
+            if opts.localize and step == 0 else None
         for m in (ref_model, model):
             m.zero_grad(set_to_none=True)
-        torch.manual_seed(seed + step)
+        torch.manual_seed(opts.seed + step)
         ref_inputs, sch_inputs = (grad_leaves(inputs), grad_leaves(inputs)) \
             if input_grads and step == 0 else (inputs, inputs)
         ref_out = _call(ref_model, ref_inputs)
-        torch.manual_seed(seed + step)
+        torch.manual_seed(opts.seed + step)
         try:
             out = _call(model, sch_inputs)
         except Exception as e:  # noqa: BLE001 - reported with the module that raised
@@ -304,13 +295,8 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
             report.error = (where, f"{type(e).__name__}: {e}".splitlines()[0][:300])
             break
         if step == 0:
-            ref_t, sch_t = outputs_of(ref_out), outputs_of(out)
-            for k, t in ref_t.items():
-                mine = sch_t.get(k)
-                report.outputs[k] = (compare(to_full(mine, group, like=t), t, rtol, atol)
-                                     if mine is not None else
-                                     Difference(float("inf"), float("inf"), False, "missing"))
-        if check_grads or steps > 1:
+            _compare_outputs(report, ref_out, out, group, tol)
+        if opts.check_grads or opts.steps > 1:
             _backward_scalar(ref_out, ref_out, None).backward()
             _backward_scalar(out, ref_out, group).backward()
             _reduce_replicated_grads(model, group)
@@ -318,30 +304,17 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
             for r in recorders:
                 r.remove()
             report.first_divergence = first_difference(
-                recorders[0].records, recorders[1].records, group, rtol, atol)
+                recorders[0].records, recorders[1].records, group, *tol)
             report.first_grad_divergence = first_difference(
-                recorders[0].grad_records, recorders[1].grad_records, group, rtol, atol)
-        if check_grads and step == 0:
+                recorders[0].grad_records, recorders[1].grad_records, group, *tol)
+        if opts.check_grads and step == 0:
             if input_grads:
-                compare_input_grads(report, ref_inputs, sch_inputs, rtol, atol)
-            rebuilt = derived.rebuild(group, grad=True)
-            for name, p in ref_params.items():
-                q = sch_params.get(name)
-                if p.grad is None or (q is None and name not in rebuilt):
-                    continue
-                got = rebuilt[name] if q is None else (
-                    None if q.grad is None else to_full(q.grad, group, p.grad, param=q))
-                report.grads[name] = (compare(got, p.grad, rtol, atol) if got is not None else
-                                      Difference(float("inf"), float("inf"), False, "no grad"))
-        if steps > 1:
-            for o in opts:
+                compare_input_grads(report, ref_inputs, sch_inputs, *tol)
+            _compare_grads(report, derived, ref_params, sch_params, group, tol)
+        if opts.steps > 1:
+            for o in sgd:
                 o.step()
-            rebuilt = derived.rebuild(group, grad=False)
-            for name, p in ref_params.items():
-                q = sch_params.get(name)
-                if q is not None or name in rebuilt:
-                    got = rebuilt[name] if q is None else to_full(q.data, group, p.data, param=q)
-                    report.params_after_step[name] = compare(got, p.data, rtol, atol)
+            _compare_params(report, derived, ref_params, sch_params, group, tol)
     if recorders is not None:
         for r in recorders:
             r.remove()
@@ -349,6 +322,49 @@ def _run(ref_model, model, inputs, group, check_grads, dtype, rtol, atol, steps,
     if report.ok:
         report.first_divergence = report.first_grad_divergence = None
     return report
+
+
+def _tolerances(opts: VerifyOptions, run_dtype: torch.dtype) -> Tuple[float, float]:
+    """``(rtol, atol)``: the options', else the defaults of the dtype the models run in."""
+    d_rtol, d_atol = default_tolerances(run_dtype)
+    return (d_rtol if opts.rtol is None else opts.rtol,
+            d_atol if opts.atol is None else opts.atol)
+
+
+def _compare_outputs(report: VerifyReport, ref_out: Any, out: Any, group, tol) -> None:
+    """Each output of the original against the scheduled model's (gathered if partitioned)."""
+    ref_t, sch_t = outputs_of(ref_out), outputs_of(out)
+    for k, t in ref_t.items():
+        mine = sch_t.get(k)
+        report.outputs[k] = (compare(to_full(mine, group, like=t), t, *tol)
+                             if mine is not None else
+                             Difference(float("inf"), float("inf"), False, "missing"))
+
+
+def _compare_grads(report: VerifyReport, derived: DerivedParams, ref_params, sch_params, group,
+                   tol) -> None:
+    """The gradient of every original parameter: of the same-named scheduled one (gathered),
+    or rebuilt from a replacement's provenance record."""
+    rebuilt = derived.rebuild(group, grad=True)
+    for name, p in ref_params.items():
+        q = sch_params.get(name)
+        if p.grad is None or (q is None and name not in rebuilt):
+            continue
+        got = rebuilt[name] if q is None else (
+            None if q.grad is None else to_full(q.grad, group, p.grad, param=q))
+        report.grads[name] = (compare(got, p.grad, *tol) if got is not None else
+                              Difference(float("inf"), float("inf"), False, "no grad"))
+
+
+def _compare_params(report: VerifyReport, derived: DerivedParams, ref_params, sch_params, group,
+                    tol) -> None:
+    """Every original parameter after an SGD step against the scheduled one (or rebuilt)."""
+    rebuilt = derived.rebuild(group, grad=False)
+    for name, p in ref_params.items():
+        q = sch_params.get(name)
+        if q is not None or name in rebuilt:
+            got = rebuilt[name] if q is None else to_full(q.data, group, p.data, param=q)
+            report.params_after_step[name] = compare(got, p.data, *tol)
 
 
 def _load_reference_weights(ref_model: nn.Module, model: nn.Module) -> None:
@@ -379,13 +395,13 @@ class Verify:
     """Context manager: verify the primitives applied inside the block on exit.
 
     The model is copied on entry (the original for the comparison), so the block's primitives
-    are verified against the state before it. Keyword arguments are those of :func:`verify`,
-    checked here (not at the end of the block). Nothing is verified when the block raises, or
-    with ``enable=False``.
+    are verified against the state before it. ``options=`` and the keyword arguments are those
+    of :func:`verify` (but ``reference``: the copy is the reference), checked here (not at the
+    end of the block). Nothing is verified when the block raises, or with ``enable=False``.
     """
 
     def __init__(self, sch: Schedule, example_inputs: Any, *positional: Any, enable: bool = True,
-                 **kwargs: Any):
+                 options: Optional[VerifyOptions] = None, **keywords: Any):
         if positional:
             raise VerifyError(
                 f"Verify() takes sch and example_inputs positionally, but {len(positional)} "
@@ -393,24 +409,19 @@ class Verify:
                 "device, eval_mode, enable) took those positionally)", call="Verify",
                 hint="pass them by keyword: Verify(sch, example_inputs, eval_mode=..., "
                 "enable=...)")
-        known = [k for k in inspect.signature(verify).parameters
-                 if k not in ("sch", "example_inputs", "reference")]  # reference: the copy
-        unknown = sorted(set(kwargs) - set(known))
-        if unknown:
-            close = difflib.get_close_matches(unknown[0], known, n=1)
-            raise VerifyError(f"unknown argument(s) {', '.join(unknown)}", call="Verify",
-                              hint=f"did you mean {close[0]}=?" if close else
-                              "Verify compares with the copy it takes on entry; call "
-                              "slapo.verify(sch, example_inputs, reference=...) instead"
-                              if "reference" in unknown else
-                              f"the keyword arguments of Verify: {', '.join(known)}")
-        if enable and kwargs.get("device") is not None:  # fail here, not after the block
-            inputs = kwargs.get("inputs")
-            check_device(sch, kwargs["device"], inputs if inputs is not None else example_inputs)
+        known = [k for k in VERIFY_KEYWORDS if k != "reference"]  # reference: the copy
+        check_keywords(keywords, known, "Verify", fallback_hint=(
+            "Verify compares with the copy it takes on entry; call slapo.verify(sch, "
+            "example_inputs, reference=...) instead") if "reference" in keywords else None)
+        inputs = keywords.pop("inputs", None)
+        self.options = make_options(options, keywords, "Verify")
+        if enable and self.options.device is not None:  # fail here, not after the block
+            check_device(sch, self.options.device,
+                         inputs if inputs is not None else example_inputs)
         self.sch = sch
         self.example_inputs = example_inputs
+        self.inputs = inputs
         self.enable = enable
-        self.kwargs = kwargs
         self.report: Optional[VerifyReport] = None
 
     def __enter__(self) -> "Verify":
@@ -425,6 +436,6 @@ class Verify:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self.enable and exc_type is None:
-            self.report = verify(self.sch, self.example_inputs, reference=self.snapshot,
-                                 **self.kwargs)
+            self.report = verify(self.sch, self.example_inputs, inputs=self.inputs,
+                                 reference=self.snapshot, options=self.options)
         return False
