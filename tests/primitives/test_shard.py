@@ -104,6 +104,14 @@ def _tied_and_errors():
     assert model.transformer.wte.weight.shape == (64, 32)
     with pytest.raises(ShardError, match=r"'weight' is already sharded \(axis 0, 2 ranks\)"):
         sch["lm_head"].shard("weight", axis=0)
+    # a call that fails changes nothing, not even the tie's mark: the tied side stays a no-op
+    model = tiny_model("gpt2")
+    sch = slapo.create_schedule(model)
+    sch["lm_head"].shard("weight", axis=0)
+    with pytest.raises(ShardError, match="'nope'"):
+        sch.shard(["transformer.wte.weight", "nope"], axis=0)
+    sch["transformer.wte"].shard("weight", axis=0)
+    assert model.transformer.wte.weight.shape == (64, 32)
 
     cases = 0
 
