@@ -17,8 +17,7 @@ line) that reproduces the run in a sweep. A run that wrote no row (killed, timed
 ``fail``/``timeout`` row here, as in the sweep, so every candidate is a row. With
 ``--mem-budget-gb`` a run over the budget is an ``oom`` row (on CPU the OOM is a budget, see
 ``end2end/driver/measure.py``). Invalid arguments (a batch the ranks cannot split ...) print a
-``fail``
-result naming the problem and write no row.
+``fail`` result naming the problem and write no row.
 """
 
 from __future__ import annotations

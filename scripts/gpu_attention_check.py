@@ -21,8 +21,6 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 COLUMNS = ("case", "backend", "dtype", "batch", "heads", "seq", "dim", "ms_fwd_bwd",
            "speedup_vs_eager", "max_err_out", "max_err_grad", "status", "note")
 

@@ -11,38 +11,46 @@ text, no dependency) when matplotlib is not installed. Also prints both tables.
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if TYPE_CHECKING:
+    import pandas as pd
 
 Bars = Dict[str, Dict[str, float]]  # group -> label -> value
 
 
-def attention_bars(path: Path) -> Bars:
+def _nested(values: "pd.Series") -> Bars:
+    """A Series indexed by (group, label) as ``{group: {label: value}}``, in its order."""
     bars: Bars = {}
-    if not path.exists():
-        return bars
-    with open(path) as fh:
-        for row in csv.DictReader(fh, delimiter="\t"):
-            if row["status"] == "ok" and row["backend"] != "eager":
-                bars.setdefault(row["case"], {})[row["backend"]] = float(row["speedup_vs_eager"])
+    for (group, label), value in values.items():
+        bars.setdefault(group, {})[label] = float(value)
     return bars
+
+
+def attention_bars(path: Path) -> Bars:
+    """Per case, each kernel's fwd+bwd speedup over eager (``attention.tsv``, ok rows)."""
+    if not path.exists():
+        return {}
+    import pandas as pd
+
+    rows = pd.read_csv(path, sep="\t", dtype={"case": str, "backend": str, "status": str},
+                       na_values=["na"])
+    rows = rows[rows.status.eq("ok") & rows.backend.ne("eager")]
+    return _nested(rows.groupby(["case", "backend"], sort=False).speedup_vs_eager.last())
 
 
 def training_bars(path: Path) -> Bars:
-    bars: Bars = {}
+    """Per model, each mode's best throughput (samples/s; 0 for a run without one)."""
     if not path.exists():
-        return bars
-    from end2end.results.store import read_results
+        return {}
+    from end2end.results.stats import results_frame
 
-    for row in read_results(path, check_twin=False).rows:
-        value = row.thrpt if row.status == "ok" and row.thrpt else 0.0
-        label = row.model.split("/")[-1]
-        bars.setdefault(label, {})[row.impl] = max(value, bars.get(label, {}).get(row.impl, 0))
-    return bars
+    rows = results_frame(path, check_twin=False)
+    value = rows.Thrpt.where(rows.Status.eq("ok")).fillna(0.0)
+    label = rows.Model.str.split("/").str[-1]
+    return _nested(value.groupby([label, rows.Impl], sort=False).max())
 
 
 def _print(title: str, bars: Bars) -> None:

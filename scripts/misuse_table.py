@@ -1,20 +1,30 @@
 """Render docs/errors.md: every schedule-misuse case of tests/misuse_cases.py with the error it
 raises (single-process cases, then the two-rank ones on 2 gloo ranks).
 
-    .venv/bin/python scripts/misuse_table.py > docs/errors.md
+    .venv/bin/python -m scripts.misuse_table > docs/errors.md     # from the repository root
+
+It runs as a module from the repository root because the cases live in the test suite
+(``tests.misuse_cases``, not an installed package); the two-rank cases run in spawned processes,
+which import them by that name too.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 warnings.filterwarnings("ignore")
 
 from slapo.testing import run_distributed  # noqa: E402
-from tests.misuse_cases import CASES, TP_CASES, run_case, run_tp_cases  # noqa: E402
+
+try:
+    from tests.misuse_cases import CASES, TP_CASES, run_case, run_tp_cases
+except ModuleNotFoundError as exc:
+    if exc.name != "tests":
+        raise
+    print("misuse_table: error: the test suite's cases are not importable. Hint: run it from "
+          "the repository root: python -m scripts.misuse_table > docs/errors.md", file=sys.stderr)
+    sys.exit(2)
 
 
 def _row(primitive: str, description: str, result: tuple) -> str:
@@ -30,7 +40,7 @@ def main() -> None:
     print("# Schedule mistakes and the errors they raise\n")
     print("Every user mistake raises a `slapo.SlapoError` subclass naming the call, the module "
           "path, what is wrong and how to fix it. This table is generated from the cases that "
-          "`tests/test_misuse.py` checks (`python scripts/misuse_table.py > docs/errors.md`).\n")
+          "`tests/test_misuse.py` checks (`python -m scripts.misuse_table > docs/errors.md`).\n")
     print(f"{len(rows)} cases.\n")
     print("| primitive | misuse | error | message |")
     print("|---|---|---|---|")

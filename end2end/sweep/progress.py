@@ -1,4 +1,4 @@
-"""Progress lines with an ETA for benchmark sweeps (no dependencies).
+"""Progress lines with an ETA for benchmark sweeps.
 
     progress = Progress(total=len(runs))
     for spec in runs:
@@ -6,15 +6,19 @@
         ...
         progress.finish("ok")           # [3/12] ok in 21s
 
+Lines go to the ``end2end.sweep`` logger (status: rank 0, stdout; see :mod:`end2end.cli`), or,
+when a ``stream`` is given, straight to it.
+
 The ETA is the mean duration of the finished runs times the runs left; with per-run ``weights``
 (e.g. estimated seconds), it scales the remaining weight by the measured seconds per weight.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Callable, List, Optional, Sequence, TextIO
+
+from end2end.cli import get_logger
 
 __all__ = ["Progress", "format_duration"]
 
@@ -42,7 +46,7 @@ class Progress:
             raise ValueError(f"{len(weights)} weights for {total} runs")
         self.total = total
         self.index = 0  # runs started so far
-        self.stream = stream if stream is not None else sys.stdout
+        self.stream = stream  # None: the end2end.sweep logger
         self.weights = list(weights) if weights is not None else [1.0] * total
         self.clock = clock
         self.durations: List[float] = []
@@ -62,8 +66,15 @@ class Progress:
         self.index += 1
         self._started = self.clock()
         line = f"[{self.index}/{self.total}] {label} ... ETA {format_duration(self.eta())}"
-        print(line, file=self.stream, flush=True)
+        self._write(line)
         return line
+
+    def _write(self, line: str) -> None:
+        """To ``stream`` if one was given, else a status record of the sweep's logger."""
+        if self.stream is None:
+            get_logger("end2end.sweep").info(line)
+        else:
+            print(line, file=self.stream, flush=True)
 
     def finish(self, status: str = "ok", detail: str = "") -> str:
         """Record the duration of the current run; print and return ``[i/total] status in t``."""
@@ -76,12 +87,12 @@ class Progress:
         line = f"[{self.index}/{self.total}] {status} in {format_duration(elapsed)}"
         if detail:
             line += f": {detail}"
-        print(line, file=self.stream, flush=True)
+        self._write(line)
         return line
 
     def summary(self) -> str:
         """Print and return the total elapsed time."""
         line = (f"finished {len(self.durations)} run(s) in "
                 f"{format_duration(self.clock() - self.begin)}")
-        print(line, file=self.stream, flush=True)
+        self._write(line)
         return line

@@ -30,7 +30,8 @@ from typing import Dict, List, Optional, Sequence
 
 from slapo.errors import ConfigError
 
-from end2end.cli import HelpFormatter, number, report_errors
+from end2end.cli import (HelpFormatter, add_logging_arguments, configure_logging, get_logger,
+                         number, report_errors)
 from end2end.spec.config_file import RunSpec, interleave, load_runs
 from end2end.sweep.commands import shell_join, single_node_command
 from end2end.sweep.procs import run_logged, signal_death
@@ -43,6 +44,7 @@ __all__ = ["estimate_run_seconds", "run_sweep", "check_timeout", "build_parser",
 
 STARTUP_S = {1: 8.0, 2: 14.0}  # rough process start + imports + init on 2 CPU cores
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")  # torchrun of this interpreter
+log = get_logger("end2end.sweep")  # status and warnings (end2end.cli, "Logging")
 
 
 def estimate_run_seconds(spec: RunSpec, flops_per_s: float = 150e9,
@@ -152,16 +154,16 @@ def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
         for spec in _pending(runs, out, retry_failed, max_devices):
             print(shell_join(single_node_command(spec, str(out), extra, TORCHRUN)))
         return 0
-    with SweepLock(out, wait=wait, on_wait=lambda owner: print(
-            f"{out} is in use by {owner}; waiting (--wait)", flush=True)):
+    with SweepLock(out, wait=wait, on_wait=lambda owner: log.info(
+            "%s is in use by %s; waiting (--wait)", out, owner)):
         todo = _pending(runs, out, retry_failed, max_devices)
-        print(f"{config}: {len(runs)} runs, {len(runs) - len(todo)} already in {out}, "
-              f"{len(todo)} to run", flush=True)
+        log.info("%s: %d runs, %d already in %s, %d to run", config, len(runs),
+                 len(runs) - len(todo), out, len(todo))
         _run_all(todo, out, max_devices, timeout, error_stop, extra, device)
         bad = _not_ok(runs, out)
     if bad:
-        print(f"{sum(bad.values())} of {len(runs)} runs not ok: "
-              + ", ".join(f"{n} {status}" for status, n in sorted(bad.items())), flush=True)
+        log.info("%d of %d runs not ok: %s", sum(bad.values()), len(runs),
+                 ", ".join(f"{n} {status}" for status, n in sorted(bad.items())))
     return sum(bad.values())
 
 
@@ -171,7 +173,7 @@ def _pending(runs: Sequence[RunSpec], out: Path, retry_failed: bool,
         return list(runs)
     res = read_results(out)
     for warning in res.warnings:
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
+        log.warning("warning: %s", warning)
     return pending_runs(runs, res, retry_failed=retry_failed, devices=devices)
 
 
@@ -212,7 +214,7 @@ def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: floa
             status = last[-1].status if last else status
         progress.finish(status)
         if error_stop and status == "fail":
-            print("stopping at the first failure (--error-stop)")
+            log.info("stopping at the first failure (--error-stop)")
             break
     progress.summary()
 
@@ -263,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fraction of --gflops a training step reaches, for --estimate")
     p.add_argument("--debug", action="store_true",
                    help="show the full traceback of a config/usage error")
+    add_logging_arguments(p)
     return p
 
 
@@ -285,6 +288,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit status (see ``--help``'s epilog)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    configure_logging(args.log_level)
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 
     def run() -> int:

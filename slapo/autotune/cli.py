@@ -19,11 +19,16 @@ ran ok, 2 for a usage error.
 from __future__ import annotations
 
 import argparse
+import ast
+import logging
+import math
+import os
 import runpy
 import sys
 import time
+import traceback
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from ..errors import TuneError
 from .space import Space
@@ -32,6 +37,11 @@ from .study import Record, Tuner, import_optuna, load_records
 from .tune import TuneResult, tune
 
 __all__ = ["main", "load_space_file", "format_values"]
+
+#: Status lines (the start line, one line per evaluated candidate) go to this logger; the result
+#: (summary, best candidate, ``reproduce:``, ``--list``) is printed: it is the command's output.
+log = logging.getLogger("slapo.autotune")
+PROG = "slapo.autotune"  # what starts an error line, as ``end2end.sweep: error: ...``
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,19 +78,108 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_space_file(path: str) -> dict:
-    """The namespace of a space file, with ``space`` checked to be a :class:`Space`."""
+    """The namespace of a space file, with ``space`` checked to be a :class:`Space` (built by
+    ``make_space()`` when the file defines that instead), ``command`` a string or a list of
+    strings and ``timeout`` a positive number, if given.
+
+    Every mistake in the file is a :class:`TuneError` whose message starts with
+    ``FILE:LINE:`` (the line of the syntax error, of the statement that raised, or of the
+    assignment that is wrong) and ends with a hint, so that the command line prints one line
+    instead of a traceback."""
     if not Path(path).is_file():
-        raise TuneError(f"space file {path!r} does not exist", call="--space")
-    ns = runpy.run_path(path)
-    space = ns.get("space")
-    if space is None and callable(ns.get("make_space")):
-        space = ns["make_space"]()
+        raise TuneError(f"{path}: the space file does not exist",
+                        hint="give --space the path of a Python file that defines `space`")
+    ns, tree = _run_space_file(path)
+    space, made = ns.get("space"), "`space` is"
+    try:
+        if space is None and callable(ns.get("make_space")):
+            space, made = ns["make_space"](), "make_space() returned"
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any error of the user's own code
+        raise _user_code_error(exc, path) from None
+    if space is None:
+        raise TuneError(f"{path}: defines no `space` (a slapo.autotune.Space) or "
+                        "`make_space()`",
+                        hint="add e.g. `space = Space(); space.int('batch_size', 4, 32, "
+                        "step=4)`")
     if not isinstance(space, Space):
-        raise TuneError(f"{path} defines no `space` (a slapo.autotune.Space) or `make_space()`",
-                        call="--space", hint="space = Space(); space.int('batch_size', 4, 32, "
-                        "step=4) ...")
+        name = "make_space" if made.startswith("make") else "space"
+        raise TuneError(f"{path}:{_line_of(tree, name)}: {made} {_a(space)}, "
+                        "not a slapo.autotune.Space",
+                        hint="from slapo.autotune import Space; space = Space() ...")
+    command = ns.get("command")
+    if command is not None and not (isinstance(command, str) or (
+            isinstance(command, (list, tuple)) and all(isinstance(a, str) for a in command))):
+        raise TuneError(f"{path}:{_line_of(tree, 'command')}: `command` is {_a(command)}, "
+                        "not a string or a list of strings",
+                        hint="command = ['python', 'bench.py', '--batch', '{batch_size}']")
+    timeout = ns.get("timeout")
+    if timeout is not None and (isinstance(timeout, bool)
+                                or not isinstance(timeout, (int, float))
+                                or not math.isfinite(timeout) or timeout <= 0):
+        raise TuneError(f"{path}:{_line_of(tree, 'timeout')}: `timeout` is {timeout!r}, not "
+                        "a positive number of seconds",
+                        hint="set it to the seconds a candidate may run, e.g. `timeout = 600`")
     ns["space"] = space
     return ns
+
+
+def _a(value) -> str:
+    """``a list``, ``an int``: the value's type with its article."""
+    name = type(value).__name__
+    return ("an " if name[:1] in "aeiou" else "a ") + name
+
+
+def _run_space_file(path: str) -> Tuple[dict, ast.Module]:
+    """Run the file (``runpy``); its namespace and syntax tree, or a one-line TuneError."""
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=path)
+        return runpy.run_path(path), tree
+    except SyntaxError as exc:  # in the file, or in a module it imports
+        where = exc.filename or path
+        raise TuneError(f"{where}:{exc.lineno or 1}: syntax error: {exc.msg}",
+                        hint=f"fix that line (python -m py_compile {where} reports the same)"
+                        ) from None
+    except UnicodeDecodeError as exc:
+        raise TuneError(f"{path}: not a text file ({exc.reason})",
+                        hint="give the Python file that defines `space`") from None
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - any error of the user's own code
+        raise _user_code_error(exc, path) from None
+
+
+def _user_code_error(exc: BaseException, path: str) -> TuneError:
+    """``FILE:LINE: ...`` for an exception raised by the space file's own code."""
+    if isinstance(exc, TuneError):  # the Space API refused a declaration: its message and hint
+        return TuneError(f"{_raised_at(exc, path)}: {one_line(exc)}")
+    return TuneError(f"{_raised_at(exc, path)}: running the space file raised "
+                     f"{type(exc).__name__}: {one_line(exc) or '(no message)'}",
+                     hint=f"fix the file (python {path} shows the traceback)")
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line."""
+    return " ".join(str(exc).split())
+
+
+def _raised_at(exc: BaseException, path: str) -> str:
+    """``path:line`` of the innermost frame of ``exc``'s traceback in the space file."""
+    target = os.path.abspath(path)
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__)
+             if os.path.abspath(f.filename) == target]
+    return f"{path}:{lines[-1]}" if lines else path
+
+
+def _line_of(tree: ast.Module, *names: str) -> int:
+    """The line of the last top-level assignment (or ``def``) of one of ``names``; 1 if none."""
+    line = 1
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name in names:
+            line = node.lineno
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                   else [])
+        if any(isinstance(t, ast.Name) and t.id in names for t in targets):
+            line = node.lineno
+    return line
 
 
 def format_values(params: dict) -> str:
@@ -101,9 +200,10 @@ def _outcome(r: Record) -> str:
 
 
 class Progress:
-    """Prints one line per evaluated candidate."""
+    """One status line per evaluated candidate: to ``out`` if given, else the
+    ``slapo.autotune`` logger (which :func:`main` sends to stdout)."""
 
-    def __init__(self, out=sys.stdout):
+    def __init__(self, out=None):
         self.out, self.start = out, time.time()
 
     def __call__(self, record: Record, tuner: Tuner) -> None:
@@ -111,9 +211,13 @@ class Progress:
         best_text = f"best {best.throughput:.4g} ({format_values(best.params)})" if best \
             else "best -"
         per = (time.time() - self.start) / max(1, tuner.run_now)
-        print(f"[{tuner.evaluations}/{tuner.budget}] {format_values(record.params)}: "
-              f"{_outcome(record)} in {record.seconds:.1f}s | {best_text} | "
-              f"ETA <= {_duration(per * tuner.remaining)}", file=self.out, flush=True)
+        line = (f"[{tuner.evaluations}/{tuner.budget}] {format_values(record.params)}: "
+                f"{_outcome(record)} in {record.seconds:.1f}s | {best_text} | "
+                f"ETA <= {_duration(per * tuner.remaining)}")
+        if self.out is None:
+            log.info(line)
+        else:
+            print(line, file=self.out, flush=True)
 
 
 def _print_list(records: List[Record]) -> None:
@@ -143,8 +247,32 @@ def _report(result: TuneResult) -> int:
     return 0
 
 
+class _StatusHandler(logging.StreamHandler):
+    """INFO to the current ``sys.stdout``, WARNING and above to ``sys.stderr`` (looked up per
+    record, so redirection and test capture see every line)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr if record.levelno >= logging.WARNING else sys.stdout
+        super().emit(record)
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Send the ``slapo.autotune`` logger's records to stdout/stderr as plain lines
+    (idempotent: the handler installed before is replaced)."""
+    for old in [h for h in log.handlers if isinstance(h, _StatusHandler)]:
+        log.removeHandler(old)
+    log.addHandler(_StatusHandler())
+    log.setLevel(level)
+    log.propagate = False
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    configure_logging()
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
@@ -167,12 +295,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                   patience=args.patience),
                    "tpe": dict(seed=args.seed)}.get(args.strategy, {})
         budget = args.budget or len(space.candidates())
-        print(f"{args.strategy} over {len(space.candidates())} candidates "
-              f"({space.describe()}), budget {budget}", flush=True)
+        log.info(f"{args.strategy} over {len(space.candidates())} candidates "
+                 f"({space.describe()}), budget {budget}")
         result = tune(space, command, strategy=args.strategy, budget=budget, db=args.db,
                       study=study, timeout=args.timeout or ns.get("timeout"),
                       on_record=Progress(), **options)
     except TuneError as exc:
-        print(f"python -m slapo.autotune: error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr, flush=True)
         return 2
     return _report(result)

@@ -19,7 +19,6 @@ tuner off the same database. One database may hold several studies (e.g. one per
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ..errors import TuneError
+from ..runtime.owner_lock import OwnerLock, OwnerLockBusy
 from .objective import Objective
 from .space import Params, Space
 
@@ -95,7 +95,15 @@ def _storage(db: Optional[str]):
     if db is None:
         return optuna.storages.InMemoryStorage()
     url = db if "://" in db else f"sqlite:///{os.path.abspath(db)}"
-    return optuna.storages.RDBStorage(url)
+    from sqlalchemy.exc import SQLAlchemyError  # optuna's storage layer
+
+    try:
+        return optuna.storages.RDBStorage(url)
+    except SQLAlchemyError as exc:  # e.g. "file is not a database": the user's --db file
+        reason = " ".join(str(getattr(exc, "orig", None) or exc).split())
+        raise TuneError(f"{db}: cannot open it as a study database ({reason})",
+                        hint="give the .db file an earlier tune wrote, or a new file name"
+                        ) from None
 
 
 def load_records(db: str, study: str) -> List[Record]:
@@ -232,7 +240,7 @@ class Tuner:
 
     def close(self) -> None:
         if self._lock is not None:
-            self._lock.close()  # releases the flock
+            self._lock.release()
             self._lock = None
 
     def __enter__(self) -> "Tuner":
@@ -289,18 +297,15 @@ class Tuner:
             self.storage.set_trial_state_values(trial_id, TrialState.FAIL)
 
 
-def _lock(db: Optional[str]):
+def _lock(db: Optional[str]) -> Optional[OwnerLock]:
+    """One tuner per study database: ``<db>.lock`` (see :mod:`slapo.runtime.owner_lock`)."""
     if db is None or "://" in db:
         return None
-    os.makedirs(os.path.dirname(os.path.abspath(db)), exist_ok=True)
-    fh = open(db + ".lock", "w")
     try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        fh.close()
-        raise TuneError(f"another tuner is using {db} (lock {db}.lock)", call="Tuner",
-                        hint="wait for it to finish, or use another --db") from None
-    return fh
+        return OwnerLock(db + ".lock", owner="tuner").acquire()
+    except OwnerLockBusy as exc:
+        raise TuneError(f"another tuner is using {db} ({exc.owner}; lock {db}.lock)",
+                        call="Tuner", hint="wait for it to finish, or use another --db") from None
 
 
 def _jsonable(data: Dict[str, Any]) -> Dict[str, Any]:

@@ -5,6 +5,8 @@
 - :mod:`~slapo.runtime.activation_checkpoint`: RNG-exact activation checkpointing.
 - :mod:`~slapo.runtime.forward_wrap`: wrappers that change how a module runs, not its path.
 - :mod:`~slapo.runtime.cpu_allocator`: ``keep_freed_memory`` for CPU training.
+- :mod:`~slapo.runtime.owner_lock`: one owner at a time for a file (one tuner per study
+  database, one sweep per results file), the kernel's ``flock`` through ``filelock``.
 
 These modules import nothing from Slapo but :mod:`slapo.errors`.
 """

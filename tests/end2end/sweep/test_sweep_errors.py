@@ -97,3 +97,33 @@ def test_a_rank_killed_by_a_signal_gets_a_row_naming_it(tmp_path, monkeypatch):
     (row,) = read_results(results).rows
     assert row.status == "fail" and row.error.startswith("rank 1 killed by SIGKILL"), row.error
     assert "error_file" not in row.error
+
+
+@pytest.mark.parametrize("text, expected", [
+    (None, "cannot read hostfile '{h}': No such file or directory. Hint: give a file of "
+           "'host slots=N' lines (--hostfile)."),
+    ("node0 slots=8\nnode1 slots=x\n",
+     "{h}:2: 'slots=x' is not 'slots=N' (N >= 1). Hint: write each line as 'HOST slots=GPUS', "
+     "e.g. 'node0 slots=8'."),
+    ("# no hosts\n\n", "{h}: no hosts (the file is empty or has only comments). Hint: write "
+                       "one 'HOST slots=GPUS' line per node."),
+], ids=["missing", "bad slots", "empty"])
+def test_hostfile_mistakes_are_one_line(tmp_path, capsys, text, expected):
+    from end2end.sweep.multi_node import main as multi_node_main
+
+    hostfile = tmp_path / "hosts"
+    if text is not None:
+        hostfile.write_text(text)
+    assert multi_node_main(["--hostfile", str(hostfile), "--dry-run",
+                            "--results", str(tmp_path / "f8.tsv")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert err == f"end2end.multi_node.launch: error: {expected.format(h=hostfile)}\n"
+
+
+def test_a_hostfile_with_comments_and_slots_names_its_hosts(tmp_path):
+    from end2end.sweep.multi_node import read_hostfile
+
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# the nodes\nnode0 slots=8  # first\n\nnode1\n")
+    assert read_hostfile(str(hostfile)) == ["node0", "node1"]
