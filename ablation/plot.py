@@ -4,48 +4,64 @@
     python -m ablation.plot results/ablation-bert.tsv --table                    # Markdown
 
 Every ``ok`` row of the file is one measurement of one step (:func:`ablation.steps.step_of`);
-repeats of a step (the sweep's interleaved rounds) give its median and min-max. The left panel
+repeats of a step (the sweep's interleaved rounds) give its median and min-max (a pandas
+groupby over the rows' DataFrame, :func:`summarise`). The left panel
 is the total throughput (samples/s over all ranks) with each step's speedup over vanilla HF; the
 right panel the throughput per rank (GPU), which separates optimisation from scale-out (the
 paper's steps 1-2 run on one GPU, 3-5 on eight). A step whose range overlaps the previous
 step's is marked "~" (within the noise of the machine). A step with rows but no ``ok`` run shows
 its status instead of a bar. Nothing is drawn from anywhere but the file.
+
+A results file that cannot be read, has no rows, or holds rows that are no step of the
+ablation (or two runs for one step, or several models) is one line on stderr,
+``ablation.plot: error: FILE: what. Hint: ...``, and exit status 2 (``--debug``: the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
+import pandas as pd
+
+from slapo.errors import ConfigError
+
+from end2end.cli import configure_logging, get_logger, report_errors
+from end2end.results.stats import to_frame
 from end2end.results.store import ResultRow, read_results
 
-from .steps import AblationError, Step, step_of
+from .steps import STEPS, AblationError, Step, step_of
 
 __all__ = ["StepResult", "summarise", "format_table", "make_figure", "main"]
+
+log = get_logger("ablation.plot")
 
 
 @dataclass
 class StepResult:
-    """The measurements of one step: the run's identity, throughputs (samples/s) of its ok
-    repeats, and the statuses of those that were not ok."""
+    """One step: its run's identity and ranks; the median and min-max (samples/s) of its ok
+    repeats and how many they are (``median`` None: none is ok); the statuses of the repeats
+    that were not ok; the median's speedup over vanilla HF (None: no vanilla median) and
+    whether its range overlaps the previous step's (within noise)."""
 
     step: Step
     run: Tuple
     ranks: int
-    thrpt: List[float] = field(default_factory=list)
+    median: Optional[float] = None
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    repeats: int = 0
     failed: List[str] = field(default_factory=list)
-
-    @property
-    def median(self) -> Optional[float]:
-        return statistics.median(self.thrpt) if self.thrpt else None
+    vs_vanilla: Optional[float] = None
+    within_noise: bool = False
 
     @property
     def range(self) -> Tuple[float, float]:
-        return min(self.thrpt), max(self.thrpt)
+        return self.lo, self.hi
 
     def per_rank(self, value: float) -> float:
         return value / self.ranks
@@ -63,28 +79,49 @@ def summarise(rows: Sequence[ResultRow]) -> List[StepResult]:
     if len(models) > 1:
         raise AblationError(f"rows of several models ({', '.join(models)}): one ablation "
                             "results file per model")
-    out: Dict[int, StepResult] = {}
-    for row in rows:
-        step = step_of(row)
-        res = out.setdefault(step.index, StepResult(step, _identity(row), row.ngpu))
-        if res.run != _identity(row):
-            raise AblationError(f"two different runs for step '{step.label}': {res.run} and "
-                                f"{_identity(row)}; keep one per results file")
-        if row.status == "ok":
-            res.thrpt.append(row.thrpt)
-        else:
-            res.failed.append(row.status)
-    return [out[i] for i in sorted(out)]
+    frame = to_frame(rows).assign(Step=[step_of(r).index for r in rows],
+                                  Run=[_identity(r) for r in rows])
+    _refuse_two_runs(frame)
+    summary = _step_frame(frame)
+    return [StepResult(STEPS[i], s.Run, int(s.Ranks), _number(s.Median), _number(s.Lo),
+                       _number(s.Hi), int(s.Repeats), s.Failed, _number(s.VsVanilla),
+                       bool(s.WithinNoise)) for i, s in summary.iterrows()]
 
 
-def _overlaps(a: StepResult, b: StepResult) -> bool:
-    return bool(a.thrpt and b.thrpt) and a.range[0] <= b.range[1] and b.range[0] <= a.range[1]
+def _refuse_two_runs(frame: pd.DataFrame) -> None:
+    """:class:`AblationError` at the first row whose run is not its step's first run."""
+    first = frame.groupby("Step").Run.transform("first")
+    other = frame[[run != want for run, want in zip(frame.Run, first)]]
+    if len(other):
+        row = other.iloc[0]
+        raise AblationError(f"two different runs for step '{STEPS[row.Step].label}': "
+                            f"{first[row.name]} and {row.Run}; keep one per results file")
+
+
+def _step_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per step present (ascending): ``Run``, ``Ranks``, the ok repeats' ``Median``,
+    ``Lo``, ``Hi`` and count (``Repeats``), the ``Failed`` statuses, ``VsVanilla`` (the median
+    over step 0's) and ``WithinNoise`` (the range overlaps the previous step's)."""
+    ok = frame.Status.eq("ok")
+    out = frame.groupby("Step").agg(Run=("Run", "first"), Ranks=("nGPU", "first"))
+    out = out.join(frame[ok].groupby("Step").Thrpt.agg(
+        Median="median", Lo="min", Hi="max", Repeats="count"))
+    out["Repeats"] = out.Repeats.fillna(0)
+    out["Failed"] = frame[~ok].groupby("Step").Status.agg(list)
+    out["Failed"] = [f if isinstance(f, list) else [] for f in out.Failed]
+    vanilla = out.Median.get(0)
+    out["VsVanilla"] = out.Median / vanilla if vanilla else math.nan  # also NaN: no vanilla
+    out["WithinNoise"] = (out.Lo <= out.Hi.shift()) & (out.Lo.shift() <= out.Hi)
+    return out
+
+
+def _number(value: float) -> Optional[float]:
+    return None if pd.isna(value) else float(value)
 
 
 def format_table(results: Sequence[StepResult]) -> str:
     """A Markdown table: per step its run, samples/s (median, min-max, repeats), per rank, and
     the speedup of the medians over vanilla HF."""
-    base = results[0].median if results and results[0].step.index == 0 else None
     lines = ["| Step | Run | samples/s, median (min-max) | per rank | vs vanilla |",
              "|---|---|---:|---:|---:|"]
     for r in results:
@@ -94,19 +131,15 @@ def format_table(results: Sequence[StepResult]) -> str:
         if r.median is None:
             lines.append(f"| {r.step.label} | {run} | {', '.join(r.failed)} | - | - |")
             continue
-        lo, hi = r.range
-        ratio = f"{r.median / base:.2f}x" if base else "-"
-        lines.append(f"| {r.step.label} | {run} | {r.median:.3g} ({lo:.3g}-{hi:.3g}, "
-                     f"{len(r.thrpt)}x) | {r.per_rank(r.median):.3g} | {ratio} |")
+        ratio = f"{r.vs_vanilla:.2f}x" if r.vs_vanilla is not None else "-"
+        lines.append(f"| {r.step.label} | {run} | {r.median:.3g} ({r.lo:.3g}-{r.hi:.3g}, "
+                     f"{r.repeats}x) | {r.per_rank(r.median):.3g} | {ratio} |")
     return "\n".join(lines)
 
 
-def _label(results: Sequence[StepResult], i: int, base: Optional[float]) -> str:
-    r = results[i]
-    text = f"{r.median / base:.2f}x" if base else ""
-    if i and _overlaps(r, results[i - 1]):
-        text += " ~"
-    return text
+def _label(r: StepResult) -> str:
+    text = f"{r.vs_vanilla:.2f}x" if r.vs_vanilla is not None else ""
+    return text + (" ~" if r.within_noise else "")
 
 
 def make_figure(results: Sequence[StepResult], title: str):
@@ -117,9 +150,8 @@ def make_figure(results: Sequence[StepResult], title: str):
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.6 * len(results) + 1.6), sharey=True)
     ys = list(range(len(results)))[::-1]  # vanilla on top
-    base = results[0].median if results and results[0].step.index == 0 else None
     for ax, per_rank in zip(axes, (False, True)):
-        for i, (y, r) in enumerate(zip(ys, results)):
+        for y, r in zip(ys, results):
             if r.median is None:
                 ax.text(0, y, "  X " + ", ".join(sorted(set(r.failed))), va="center",
                         color="#c44e52")
@@ -130,7 +162,7 @@ def make_figure(results: Sequence[StepResult], title: str):
             ax.errorbar(med, y, xerr=[[med - lo], [hi - med]], fmt="none", ecolor="black",
                         capsize=3, lw=1)
             if not per_rank:
-                ax.text(hi, y, "  " + _label(results, i, base), va="center")
+                ax.text(hi, y, "  " + _label(r), va="center")
             else:
                 ax.text(hi, y, f"  n={r.ranks}", va="center", color="#555555")
         ax.set_xlabel("samples/s per rank" if per_rank else "samples/s (all ranks)")
@@ -152,18 +184,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    ".tsv)")
     p.add_argument("--title", default=None, help="figure title (default: model and device)")
     p.add_argument("--table", action="store_true", help="print the Markdown table only")
+    p.add_argument("--debug", action="store_true", help="full traceback of an error")
     args = p.parse_args(argv)
+    configure_logging()
+    return report_errors("ablation.plot", lambda: _plot(args), args.debug)
+
+
+def _plot(args: argparse.Namespace) -> int:
     res = read_results(args.results)
     for warning in res.warnings:
-        print(f"ablation.plot: warning: {warning}", file=sys.stderr)
+        log.warning("warning: %s", warning)
     try:
         results = summarise(res.rows)
     except AblationError as exc:
-        print(f"ablation.plot: {args.results}: {exc}", file=sys.stderr)
-        return 2
+        raise ConfigError(f"{args.results}: {exc}",
+                          hint="give the results file of one ablation config "
+                          "(bash ablation/run.sh writes results/ablation-<model>.tsv)") from None
     if not results:
-        print(f"ablation.plot: {args.results}: no rows", file=sys.stderr)
-        return 2
+        raise ConfigError(f"{args.results}: no rows",
+                          hint="run the ablation first: bash ablation/run.sh")
     print(format_table(results))
     if args.table:
         return 0
@@ -174,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                       "median, min-max over repeats")
     for ext in ("png", "pdf"):
         fig.savefig(out.with_suffix(f".{ext}"), dpi=120)
-    print(f"ablation.plot: wrote {out}.png and {out}.pdf")
+    log.info("wrote %s.png and %s.pdf", out, out)
     return 0
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Tuple
 
 from end2end.results.store import ResultRow
+from end2end.spec.modes import MODE_TABLE
 
 __all__ = ["STEPS", "Step", "step_of", "AblationError"]
 
@@ -52,11 +53,15 @@ def step_of(row: ResultRow) -> Step:
     """The step that ``row``'s run measured (:class:`AblationError` if none). Knobs other than
     ``shard_embedding=False`` are kernel choices (e.g. ``fuse_bias_gelu=True`` at paper scale)
     and do not change the step."""
-    slapo = row.impl.startswith("slapo")
+    mode = MODE_TABLE.get(row.impl)
+    slapo = mode is not None and mode.slapo
+    # the vanilla step: the unscheduled model on plain PyTorch, data parallel (``eager``)
+    vanilla = mode is not None and not mode.slapo and mode.framework == "torch" \
+        and not mode.tp_default
     tp = row.tp or 1
     knobs = set(filter(None, (row.knobs or "").split(",")))
     replicated, ckpt = REPLICATED_EMBEDDING in knobs, _ckpt_ratio(row.ckpt)
-    if row.impl == "eager" and tp == 1 and not knobs:
+    if vanilla and tp == 1 and not knobs:
         return STEPS[0]
     if slapo and tp == 1 and not replicated and ckpt == 0:
         return STEPS[1]

@@ -250,6 +250,14 @@ def _claim_row(run_id: int) -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def _log():
+    """The driver's status and diagnostics (``end2end.bench: ...``; rank 0, errors on every
+    rank: :func:`end2end.cli.get_logger`)."""
+    from end2end.cli import get_logger
+
+    return get_logger("end2end.bench")
+
+
 def _now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
@@ -405,8 +413,7 @@ def run_bench(args: argparse.Namespace) -> int:
         status = "oom" if is_oom(exc) else "fail"
         error = f"rank {rank}: {type(exc).__name__}: {exc}"
         extra["traceback"] = traceback.format_exc()
-        print(f"end2end.bench: {status}: {error}", file=sys.stderr, flush=True)
-        traceback.print_exc()
+        _log().error("%s: %s", status, error, exc_info=True)
         values = {}
     try:
         return _write_row(args, spec, run_id, rank, status, error, values, extra, start)
@@ -421,7 +428,7 @@ def _write_row(args, spec, run_id: int, rank: int, status: str, error: str,
     from end2end.results.store import ResultRow, append_result, env_columns
 
     if spec is None:  # the arguments themselves are invalid: nothing to key a row by
-        print(f"end2end.bench: no row written ({error})", file=sys.stderr)
+        _log().error("no row written (%s)", error)
         return 2
     if status == "ok" and rank != 0:
         return 0
@@ -435,9 +442,8 @@ def _write_row(args, spec, run_id: int, rank: int, status: str, error: str,
                               **env_columns(env_info))
     append_result(args.results, row, env_info)
     if status == "ok":
-        print(f"end2end.bench: {spec.label}: {values['thrpt']:.3f} samples/s, step "
-              f"{values['step_time']:.3f} s, {values['per_gpu_mem']:.3f} GB/rank, "
-              f"MFU {values['mfu']:.3f}", flush=True)
+        _log().info("%s: %.3f samples/s, step %.3f s, %.3f GB/rank, MFU %.3f", spec.label,
+                    values["thrpt"], values["step_time"], values["per_gpu_mem"], values["mfu"])
     return 0 if status == "ok" else 1
 
 

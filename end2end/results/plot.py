@@ -36,11 +36,13 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
+from end2end.cli import get_logger
 from end2end.results.store import ResultRow, read_results
-from end2end.results.summary import (COLOR, GROUPS, PEER_GROUPS, SYSTEMS, Cell, Panel, PlotError, Table,
-                      base_system, baselines_of, figure7_table, figure_systems,
-                      format_markdown, format_speedups, label_of, panel_systems, panel_title,
-                      speedups)
+from end2end.results.summary import (COLOR, GROUPS, PEER_GROUPS, SYSTEMS, Cell, Panel,
+                                     PlotError, Table, base_system, baselines_of,
+                                     figure7_table, figure_systems, format_markdown,
+                                     format_speedups, label_of, panel_systems, panel_title,
+                                     speedups)
 
 __all__ = ["SYSTEMS", "Cell", "Panel", "PlotError", "figure7_table", "figure_systems",
            "speedups", "format_speedups", "make_figure", "plot_results", "main"]
@@ -147,7 +149,7 @@ def plot_results(paths: Sequence[Union[str, Path]], out_prefix: Union[str, Path]
     for path in paths:
         res = read_results(path)
         for warning in res.warnings:
-            print(f"warning: {warning}", file=sys.stderr)
+            get_logger("end2end.plot").warning("warning: %s", warning)
         rows += res.rows
         devices |= {r.device for r in res.rows}
     if models:
@@ -206,9 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit status."""
-    from end2end.cli import report_errors
+    from end2end.cli import configure_logging, report_errors
 
     args = build_parser().parse_args(argv)
+    configure_logging()
 
     def run() -> int:
         table, items, files = plot_results(args.results, args.output, args.models,
@@ -217,7 +220,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               or "no comparable pairs (need two systems with throughput)")
         if args.table:
             print("\n" + format_markdown(table, items, PEER_GROUPS if args.peers else GROUPS))
-        print("wrote " + ", ".join(map(str, files)))
+        get_logger("end2end.plot").info("wrote %s", ", ".join(map(str, files)))
         return 0
 
     return report_errors("end2end.plot", run, args.debug)

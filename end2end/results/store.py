@@ -12,15 +12,20 @@ same run), StepTime seconds. A run that did not produce a throughput is still a 
 is ``oom``/``fail``/``timeout``/``skipped`` with the reason in ``Error`` and ``na`` metrics —
 never a silent zero. The file starts with ``#`` lines holding the environment dump (JSON).
 
-Appends are atomic enough for a crash: one ``write`` per row under an exclusive ``flock``, then
+Appends are atomic enough for a crash: one ``write`` per row under the append lock (a
+``filelock`` sidecar, ``results.tsv.append.lock``: :mod:`end2end.results.locked_file`), then
 ``flush`` + ``fsync``; the JSON-lines twin (``results.jsonl`` next to ``results.tsv``) is written
 first. A torn last line (killed mid-write) is skipped by the reader with a warning.
+
+Reading is by line, not ``pandas.read_csv``: a damaged line must cost that line only, with a
+``file:line`` warning (an error when ``strict``), which read_csv cannot do (it decodes the file
+as a whole, reports a bad row without its line, pads a short one). The rows read become a typed
+DataFrame for aggregation in :mod:`end2end.results.stats` (``to_frame``, ``results_frame``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import math
 import os
@@ -31,11 +36,12 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Un
 from slapo.errors import ConfigError
 
 from end2end.spec.config_file import RunSpec, format_ratio, run_key
-from end2end.results.locked_file import Locked, append_line
+from end2end.results.locked_file import append_lock, append_line, read_locked
 
 __all__ = [
     "COLUMNS", "ARTIFACT_COLUMNS", "STATUSES", "ResultsError", "ResultRow", "Results",
     "append_result", "read_results", "pending_runs", "done_keys", "twin_path", "env_columns",
+    "COLUMN_TYPES",
 ]
 
 ARTIFACT_COLUMNS = ("Impl Model Seq DecSeq nGPU Batch Ckpt PerGPUParam Thrpt PerGPUMem "
@@ -119,6 +125,9 @@ class ResultRow:
 _FIELDS = [f for f in fields(ResultRow) if f.name != "extra"]
 assert len(_FIELDS) == len(COLUMNS)
 _COLUMN_OF = {f.name: col for f, col in zip(_FIELDS, COLUMNS)}
+# What a cell holds: "int" (every row has one), "number" (a number or ``na``), or "text".
+COLUMN_TYPES = {_COLUMN_OF[f.name]: "int" if f.type == "int" else "number"
+                if "int" in f.type or "float" in f.type else "text" for f in _FIELDS}
 
 
 def _canonical_ckpt(text: str) -> str:
@@ -137,13 +146,13 @@ def _cell(value: Any) -> str:
 
 
 def _parse_cell(f: dataclasses.Field, text: str) -> Any:
-    kind = str(f.type)
-    if "int" in kind or "float" in kind:
+    kind = COLUMN_TYPES[_COLUMN_OF[f.name]]
+    if kind != "text":
         if text in (NA, "", "oom", "fail", "nan"):
             if kind == "int":
                 raise ValueError(f"{f.name} is {text!r}")
             return None
-        return int(text) if "int" in kind else float(text)
+        return int(text) if "int" in f.type else float(text)
     return text
 
 
@@ -190,11 +199,10 @@ def append_result(path: Union[str, Path], row: ResultRow,
     record = {"type": "row", **{col: _json_value(getattr(row, f.name))
                                 for f, col in zip(_FIELDS, COLUMNS)}, "extra": row.extra}
     env_line = json.dumps({"type": "env", **env}, sort_keys=True) + "\n" if env else ""
-    with Locked(path) as tsv:
-        with Locked(twin_path(path)) as twin:
-            append_line(twin, json.dumps(record, sort_keys=False), header=env_line)
-        append_line(tsv, "\t".join(_cell(getattr(row, f.name)) for f in _FIELDS[:len(columns)]),
-                   header=_tsv_header(env))
+    with append_lock(path):
+        append_line(twin_path(path), json.dumps(record, sort_keys=False), header=env_line)
+        append_line(path, "\t".join(_cell(getattr(row, f.name)) for f in _FIELDS[:len(columns)]),
+                    header=_tsv_header(env))
 
 
 Mark = Tuple[Optional[int], Optional[int]]
@@ -214,7 +222,7 @@ def rollback(path: Union[str, Path], to: Mark) -> bool:
     path = Path(path)
     if mark(path) == to:
         return False
-    with Locked(path):
+    with append_lock(path):
         for file, size in ((path, to[0]), (twin_path(path), to[1])):
             if size is None:
                 file.unlink(missing_ok=True)
@@ -275,12 +283,9 @@ def read_results(path: Union[str, Path], strict: bool = False,
     """
     path = Path(path)
     problems: List[str] = []
+    twin = twin_path(path)
     try:
-        with open(path, "rb") as fh:  # shared lock: no half-appended row pair is read
-            fcntl.flock(fh, fcntl.LOCK_SH)
-            data = fh.read()
-            twin = twin_path(path)
-            twin_data = twin.read_bytes() if check_twin and twin.exists() else None
+        data, twin_data = read_locked(path, twin if check_twin else None)
     except OSError as exc:
         raise ResultsError(f"cannot read results {str(path)!r}: {exc.strerror}") from None
     lines = _decode_lines(path, data, problems, strict)

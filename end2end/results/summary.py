@@ -10,47 +10,40 @@ are repeats (the sweep's interleaved rounds, ``--repeat``): the bar is their med
 do not pair up: the ratio of the medians); with repeats it carries the range of the per-round
 ratios and is "within noise" (``~``) when that range includes 1.0 (rounds that
 do not pair up: when the two bars' ranges overlap).
-Everything here comes from the rows; nothing is a constant.
+Everything here comes from the rows; nothing is a constant. The rows are aggregated as a pandas
+DataFrame (:func:`end2end.results.stats.to_frame`): grouped into settings and bars, the best
+bars of each side picked per panel, the Markdown table pivoted from the cells.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+import math
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
+import pandas as pd
+
 from slapo.errors import ConfigError
 
+from end2end.results.stats import Ratio, Samples, to_frame
 from end2end.results.store import ResultRow
-from end2end.results.stats import Ratio, Samples
+from end2end.spec.modes import FIGURE7_GROUPS, MODE_TABLE, PEER_GROUPS
 
 __all__ = ["SYSTEMS", "GROUPS", "PEER_GROUPS", "PAIRS", "BASELINES", "LABEL", "COLOR",
            "PlotError", "Panel", "Cell", "Speedup", "system_of", "base_system", "label_of",
-           "baselines_of", "figure7_table", "figure_systems", "panel_systems", "panel_title",
-           "speedups", "format_speedups", "format_markdown"]
+           "baselines_of", "is_slapo_system", "figure7_table", "figure_systems",
+           "panel_systems", "panel_title", "speedups", "format_speedups", "format_markdown"]
 
-# (impl, legend label, colour)
-SYSTEMS: Tuple[Tuple[str, str, str], ...] = (
-    ("megatron", "Megatron-LM", "#4c72b0"),
-    ("slapo-megatron", "Slapo-TP", "#dd8452"),
-    ("deepspeed", "DeepSpeed", "#55a868"),
-    ("slapo-deepspeed", "Slapo-ZeRO3", "#c44e52"),
-    ("eager", "Eager", "#8172b3"),
-    ("slapo", "Slapo", "#937860"),
-    # today's PyTorch peers (issue 18; configs/*_peers.cfg)
-    ("fsdp", "FSDP2", "#8c8c8c"),
-    ("slapo-fsdp", "Slapo-FSDP2", "#da8bc3"),
-    ("dtensor-tp", "DTensor-TP", "#64b5cd"),
-)
+# Everything about a system comes from the table of modes (end2end/spec/modes.py):
+# (impl, legend label, colour) per mode, in the table's order.
+SYSTEMS: Tuple[Tuple[str, str, str], ...] = tuple((m.name, m.label, m.color)
+                                                 for m in MODE_TABLE.values())
 # Panels show a group of systems when the model has a row of any system in it (then a missing
 # member, e.g. Megatron-LM for RoBERTa, gets a grey "x"): the Figure-7 four, and the CPU pair.
-GROUPS = (("megatron", "slapo-megatron", "deepspeed", "slapo-deepspeed"), ("eager", "slapo"))
-# The peers figure (plot --peers): FSDP2 and DTensor TP with their Slapo counterparts.
-PEER_GROUPS = (("fsdp", "slapo-fsdp", "dtensor-tp", "slapo-megatron"),)
+GROUPS = FIGURE7_GROUPS
 # (Slapo system, its baseline); a Slapo bar is labelled with the first baseline of its panel
-PAIRS = (("slapo-megatron", "megatron"), ("slapo-deepspeed", "deepspeed"), ("slapo", "eager"),
-         ("slapo-fsdp", "fsdp"), ("slapo-megatron", "dtensor-tp"))
-BASELINES = ("megatron", "deepspeed", "eager", "fsdp", "dtensor-tp")
+PAIRS = tuple((m.name, base) for m in MODE_TABLE.values() for base in m.baselines)
+BASELINES = tuple(m.name for m in MODE_TABLE.values() if not m.slapo)
 LABEL = {impl: label for impl, label, _ in SYSTEMS}
 COLOR = {impl: color for impl, _, color in SYSTEMS}
 
@@ -88,17 +81,20 @@ def _failure(statuses: Sequence[str]) -> str:
     return "oom" if "oom" in statuses else statuses[0]  # oom: the most informative
 
 
+BAR = ["Model", "Seq", "DecSeq", "nGPU", "System"]  # the rows of one bar: (panel, n, system)
+SETTING = ["Batch", "Ckpt"]  # one (batch, ckpt) setting of a bar
+
+
 def figure7_table(rows: Iterable[ResultRow], best: bool = False) -> Table:
     """Aggregate rows per (panel, n, impl) into a :class:`Cell` (see the module docstring).
     Rows of one (panel, n, impl) at different (batch, ckpt) settings raise :class:`PlotError`
     unless ``best``."""
-    groups: Dict[Tuple[Panel, int, str], Dict[Tuple[int, str], List[ResultRow]]] = {}
-    for row in rows:
-        key = (Panel(row.model, row.seq, row.dec_seq), row.ngpu, system_of(row))
-        groups.setdefault(key, defaultdict(list))[(row.batch, str(row.ckpt))].append(row)
+    rows = list(rows)
+    frame = to_frame(rows).assign(System=[system_of(r) for r in rows])
     table: Table = {}
-    for (panel, n, impl), by_setting in groups.items():
-        settings = tuple(sorted(by_setting))
+    for (model, seq, dec_seq, n, impl), bar in _setting_frame(frame).groupby(BAR, sort=False):
+        panel = Panel(model, int(seq), int(dec_seq))
+        settings = tuple(sorted(zip(bar.Batch.tolist(), bar.Ckpt.tolist())))
         if len(settings) > 1 and not best:
             shown = " and ".join(f"batch {b} ckpt {c}" for b, c in settings)
             raise PlotError(f"{label_of(impl)} {panel.model} seq {panel.seq} n={n} has "
@@ -106,33 +102,38 @@ def figure7_table(rows: Iterable[ResultRow], best: bool = False) -> Table:
                             hint="plot one setting (--models, or separate results files), or "
                                  "pass --best to take each system's best setting as the "
                                  "paper's Figure 7 does")
-        cells = [_setting_cell(rs, setting, settings) for setting, rs in by_setting.items()]
-        chosen = max(cells, key=lambda c: (c.thrpt is not None, c.thrpt or 0.0))
-        count = sum(len(rs) for rs in by_setting.values())
-        if chosen.thrpt is None:
-            chosen = Cell(None, _failure([c.status for c in cells]), count, chosen.batch,
-                          settings, failed=chosen.failed)
-        table.setdefault(panel, {}).setdefault(n, {})[impl] = Cell(
-            chosen.thrpt, chosen.status, count, chosen.batch, settings, chosen.samples,
-            chosen.failed)
+        table.setdefault(panel, {}).setdefault(int(n), {})[impl] = _bar_cell(bar, settings)
     return table
 
 
-def _setting_cell(rows: List[ResultRow], setting: Tuple[int, str],
-                  settings: Tuple[Tuple[int, str], ...]) -> Cell:
-    """The cell of one setting: the median of its ok repeats (the max where a repeat index
-    appears twice, e.g. a run appended to two files); else its failure status."""
-    by_repeat: Dict[int, float] = {}
-    failed = []
-    for row in rows:
-        if row.status == "ok" and row.thrpt is not None:
-            by_repeat[row.repeat] = max(row.thrpt, by_repeat.get(row.repeat, 0.0))
-        else:
-            failed.append(row.status)
-    samples = Samples.of(by_repeat.items())
-    if samples:
-        return Cell(samples.median, "ok", len(rows), setting[0], settings, samples, len(failed))
-    return Cell(None, _failure(failed), len(rows), setting[0], settings, failed=len(failed))
+def _setting_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (bar, setting), in the order the rows first show them: ``Rows``, the
+    ``Failed`` repeats (not ok) and their ``Status`` (:func:`_failure`), the ``Thrpt`` median of
+    the ok repeats (NaN: none) and their ``Samples`` — one value per repeat, the max where a
+    repeat index appears twice (e.g. a run appended to two files)."""
+    keys = BAR + SETTING
+    ok = frame.Status.eq("ok") & frame.Thrpt.notna()
+    out = frame.assign(Failed=~ok).groupby(keys, sort=False).agg(
+        Rows=("Status", "size"), Failed=("Failed", "sum"))
+    out["Status"] = frame[~ok].groupby(keys, sort=False).Status.agg(
+        lambda s: _failure(s.tolist()))
+    rounds = frame[ok].groupby(keys + ["Repeat"], sort=False).Thrpt.max()
+    by_setting = rounds.groupby(level=keys, sort=False)
+    out["Thrpt"] = by_setting.median()
+    out["Samples"] = pd.Series({key: Samples.of(zip(s.index.get_level_values("Repeat"), s))
+                                for key, s in by_setting}, dtype=object)
+    return out.reset_index()
+
+
+def _bar_cell(bar: pd.DataFrame, settings: Tuple[Tuple[int, str], ...]) -> Cell:
+    """The cell of one bar from its settings' rows (:func:`_setting_frame`): the setting with
+    the best median (the first of equals); when none has one, the first setting with the
+    failure status of them all (:func:`_failure`)."""
+    chosen = bar.loc[bar.Thrpt.fillna(-math.inf).idxmax()]
+    count, batch, failed = int(bar.Rows.sum()), int(chosen.Batch), int(chosen.Failed)
+    if pd.isna(chosen.Thrpt):
+        return Cell(None, _failure(bar.Status.tolist()), count, batch, settings, failed=failed)
+    return Cell(float(chosen.Thrpt), "ok", count, batch, settings, chosen.Samples, failed)
 
 
 def figure_systems(table: Table, groups: Sequence[Sequence[str]] = GROUPS) -> List[str]:
@@ -200,13 +201,21 @@ def label_of(system: str) -> str:
     return LABEL.get(base, base) + system[len(base):]
 
 
+def is_slapo_system(system: str) -> bool:
+    """A bar of a Slapo mode (with or without knobs); rows of modes this version does not know
+    are not."""
+    mode = MODE_TABLE.get(base_system(system))
+    return mode is not None and mode.slapo
+
+
 def baselines_of(system: str) -> List[str]:
     """The baselines a Slapo system (with or without knobs) is compared with (``PAIRS``)."""
     return [den for num, den in PAIRS if num == base_system(system)]
 
 
 class Speedup(NamedTuple):
-    """``system / baseline`` at one (panel, n): ``ratio`` of the medians, with its range."""
+    """``system / baseline`` at one (panel, n): the :class:`Ratio` (median of the per-round
+    ratios, or of the medians), with its range."""
 
     panel: Panel
     n: int
@@ -217,24 +226,51 @@ class Speedup(NamedTuple):
 
 def speedups(table: Table) -> List[Speedup]:
     """Every pair (``PAIRS``) with two throughputs in one panel, and ``best-slapo`` vs
-    ``best-baseline`` (the artifact's conclusion: the best medians of each side)."""
-    out = []
-    for panel, per_n in table.items():
-        for n in sorted(per_n):
-            ok = {impl: c for impl, c in per_n[n].items() if c.thrpt}
-            for num in ok:
-                for den in baselines_of(num):
-                    if den in ok:
-                        out.append(Speedup(panel, n, num, den,
-                                           ok[num].samples.ratio(ok[den].samples)))
-            slapo = [c for impl, c in ok.items() if impl.startswith("slapo")]
-            base = [ok[impl] for impl in BASELINES if impl in ok]
-            if slapo and base:
-                top = max(slapo, key=lambda c: c.thrpt)
-                ref = max(base, key=lambda c: c.thrpt)
-                out.append(Speedup(panel, n, "best-slapo", "best-baseline",
-                                   top.samples.ratio(ref.samples)))
-    return out
+    ``best-baseline`` (the artifact's conclusion: the bars with the best medians of each side,
+    the first of equals); per panel and GPU count, pairs in the order of the table's bars."""
+    bars = _bars_frame(table)
+    bars = bars[bars.Thrpt > 0]
+    if bars.empty:
+        return []
+    found = pd.concat([_pair_frame(bars).assign(Best=0), _best_frame(bars).assign(Best=1)])
+    found = found.sort_values(["PanelNo", "n", "Best"], kind="stable")
+    panels = list(table)
+    return [Speedup(panels[p], int(n), num, den, cell.samples.ratio(base.samples))
+            for p, n, num, den, cell, base in found[["PanelNo", "n", "System", "Baseline",
+                                                      "Cell", "BaseCell"]].itertuples(False)]
+
+
+def _bars_frame(table: Table) -> pd.DataFrame:
+    """One row per bar: ``PanelNo`` (the panel's place in ``table``), ``n`` (ascending within
+    a panel), ``System``, ``Thrpt`` (NaN: no throughput) and the :class:`Cell`."""
+    records = [(p, n, system, cell.thrpt, cell) for p, per_n in enumerate(table.values())
+               for n in sorted(per_n) for system, cell in per_n[n].items()]
+    return pd.DataFrame(records, columns=["PanelNo", "n", "System", "Thrpt", "Cell"]).astype(
+        {"PanelNo": "int64", "n": "int64", "System": "str", "Thrpt": "float64"})
+
+
+def _with_base(found: pd.DataFrame, bars: pd.DataFrame, on: List[str]) -> pd.DataFrame:
+    """``found`` with the ``BaseCell`` of its baseline bar (a row without one is dropped)."""
+    base = bars.rename(columns={"System": "Baseline", "Cell": "BaseCell"})
+    return found.merge(base[on + ["BaseCell"]], on=on)  # inner: keeps the order of ``found``
+
+
+def _pair_frame(bars: pd.DataFrame) -> pd.DataFrame:
+    """Each Slapo bar with each of its baselines (``PAIRS``) that has a bar beside it."""
+    wanted = bars.assign(Baseline=bars.System.map(baselines_of)).explode("Baseline")
+    return _with_base(wanted.dropna(subset=["Baseline"]), bars, ["PanelNo", "n", "Baseline"])
+
+
+def _best_frame(bars: pd.DataFrame) -> pd.DataFrame:
+    """Per panel and n: the best Slapo bar against the best baseline bar (``BASELINES``)."""
+    where = ["PanelNo", "n"]
+    slapo = bars[bars.System.map(is_slapo_system)]
+    base = bars[bars.System.isin(BASELINES)]
+    base = base.iloc[base.System.map(BASELINES.index).argsort(kind="stable")]  # ties: in order
+    top = slapo.loc[slapo.groupby(where).Thrpt.idxmax()]
+    ref = base.loc[base.groupby(where).Thrpt.idxmax()]
+    return _with_base(top.assign(System="best-slapo"), ref, where).assign(
+        Baseline="best-baseline")
 
 
 def format_speedups(items: Sequence[Speedup], table: Optional[Table] = None) -> str:
@@ -260,26 +296,48 @@ def format_markdown(table: Table, items: Sequence[Speedup],
     systems = figure_systems(table, groups)
     pairs = list(dict.fromkeys((s.system, s.baseline) for s in items
                                if s.system != "best-slapo"))
-    ratio = {(s.panel, s.n, s.system, s.baseline): s.ratio for s in items}
     head = ["Model (seq, batch), n"] + [label_of(s) for s in systems] + \
         [f"{label_of(a)} / {label_of(b)}" for a, b in pairs]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    texts = _markdown_cells(table, items, systems, pairs)
+    if texts.empty:
+        return "\n".join(lines)
+    grid = texts.pivot(index=["PanelNo", "n", "Row"], columns="Column", values="Text")
+    grid = grid.reindex(columns=range(len(head) - 1), fill_value="–").fillna("–")  # not run
+    for (_, _, row), cells in grid.iterrows():
+        lines.append("| " + " | ".join([row] + cells.tolist()) + " |")
+    return "\n".join(lines)
+
+
+def _markdown_cells(table: Table, items: Sequence[Speedup], systems: List[str],
+                    pairs: List[Tuple[str, str]]) -> pd.DataFrame:
+    """The cells of :func:`format_markdown`'s rows, long: ``PanelNo``, ``n``, ``Row`` (the row's
+    label), ``Column`` (systems, then pairs) and ``Text``."""
+    column = {system: i for i, system in enumerate(systems)}
+    column.update({pair: len(systems) + i for i, pair in enumerate(pairs)})
+    place = {panel: p for p, panel in enumerate(table)}
+    rows = {}
     for panel, per_n in table.items():
-        for n in sorted(per_n):
-            cells = per_n[n]
+        for n, cells in per_n.items():
             seq = f"{panel.seq}" + (f"/{panel.dec_seq}" if panel.dec_seq else "")
             batch = _batches(cells.values()).replace("bs ", "")
-            row = [f"`{panel.model}` ({seq}, {batch}), {n}"]
-            for system in systems:
-                cell = cells.get(system)
-                row.append("–" if cell is None else _cell_text(cell))
-            for a, b in pairs:
-                r = ratio.get((panel, n, a, b))
-                row.append("–" if r is None else
-                           (f"{r.value:.2f}x" + (f" ({r.lo:.2f}-{r.hi:.2f})" if r.repeats > 1
-                                                 else "") + (" ~" if r.within_noise else "")))
-            lines.append("| " + " | ".join(row) + " |")
-    return "\n".join(lines)
+            rows[panel, n] = f"`{panel.model}` ({seq}, {batch}), {n}"
+    records = [(place[panel], n, rows[panel, n], column[system], _cell_text(cell))
+               for panel, per_n in table.items() for n, cells in per_n.items()
+               for system, cell in cells.items()]
+    records += [(place[s.panel], s.n, rows[s.panel, s.n], column[s.system, s.baseline],
+                 _ratio_text(s.ratio)) for s in items
+                if (s.system, s.baseline) in column and (s.panel, s.n) in rows]
+    texts = pd.DataFrame(records, columns=["PanelNo", "n", "Row", "Column", "Text"])
+    return texts.drop_duplicates(["PanelNo", "n", "Column"], keep="last")
+
+
+def _ratio_text(ratio: Ratio) -> str:
+    """``1.45x (1.17-1.50) ~``: the range with repeats, ``~`` when within noise."""
+    text = f"{ratio.value:.2f}x"
+    if ratio.repeats > 1:
+        text += f" ({ratio.lo:.2f}-{ratio.hi:.2f})"
+    return text + (" ~" if ratio.within_noise else "")
 
 
 def _cell_text(cell: Cell) -> str:

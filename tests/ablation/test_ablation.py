@@ -109,3 +109,44 @@ def test_tiny_ablation_runs_every_step(tmp_path):
     assert [r.status for r in rows] == ["ok"] * 5, [r.error for r in rows]
     assert [step_of(r) for r in rows] == list(STEPS)
     assert plot_main([str(results), "-o", str(tmp_path / "fig")]) == 0
+
+
+def test_a_results_file_that_cannot_be_read_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "nope.tsv"
+    assert plot_main([str(missing), "--table"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert err == f"ablation.plot: error: cannot read results '{missing}': No such file or " \
+                  "directory.\n"
+    headless = tmp_path / "x.tsv"
+    headless.write_text("not\ta results file\n")
+    assert plot_main([str(headless)]) == 2
+    assert capsys.readouterr().err == f"ablation.plot: error: {headless}: no header line " \
+                                      "starting with 'Impl'.\n"
+
+
+def test_a_row_that_is_no_step_is_one_line_with_a_hint(tmp_path, capsys):
+    results = tmp_path / "r.tsv"
+    append_result(results, ResultRow.from_spec(
+        make_run_spec("deepspeed", "tiny/bert", 2, 16, 0, 4, "0"), thrpt=1.0))
+    assert plot_main([str(results)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ablation.plot: error: {results}: the run deepspeed n=2 ")
+    assert err.endswith("is no step of the ablation. Hint: give the results file of one "
+                        "ablation config (bash ablation/run.sh writes "
+                        "results/ablation-<model>.tsv).\n")
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_step_summary_by_hand(tmp_path):
+    """Medians over vanilla's (1.0), and "~" where a step's range overlaps the previous one's:
+    step 2's 1.9-2.3 overlaps step 1's 2.0-2.2; no other pair of neighbours does."""
+    results = tmp_path / "r.tsv"
+    _fixture(results, [[1.0, 1.2, 0.8], [2.0, 2.2, 2.1], [2.0, 2.3, 1.9], [3.9, 4.0, 4.2],
+                       [3.0, 3.1, 2.8]])
+    steps = summarise(read_results(results).rows)
+    assert [s.median for s in steps] == [1.0, 2.1, 2.0, 4.0, 3.0]
+    assert [s.vs_vanilla for s in steps] == [1.0, 2.1, 2.0, 4.0, 3.0]
+    assert [s.within_noise for s in steps] == [False, False, True, False, False]
+    assert [s.repeats for s in steps] == [3] * 5 and steps[2].range == (1.9, 2.3)
+    assert "| 2 (1.9-2.3, 3x) | 1 | 2.00x |" in format_table(steps)  # step 2 on 2 ranks

@@ -90,3 +90,43 @@ def test_run_sh_end_to_end_on_a_synthetic_space(tmp_path):
             assert all(r.extra.get("replayed_from") == "grid" for r in records)
     assert (tmp_path / "autotune-small.png").stat().st_size > 10_000
     assert "search: " in proc.stdout and "within 5% of the ground truth" in proc.stdout
+
+
+def test_a_database_that_is_missing_or_not_one_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "nope.db"
+    assert main([str(missing), "-o", str(tmp_path / "fig")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err and not missing.exists()
+    assert err == f"autotune.plot: error: {missing}: no such study database. Hint: give the .db " \
+                  "file autotune/run.sh wrote (results/autotune-*.db).\n"
+    garbage = tmp_path / "text.db"
+    garbage.write_text("not a database\n")
+    assert main([str(garbage), "-o", str(tmp_path / "fig")]) == 2
+    assert capsys.readouterr().err == f"autotune.plot: error: {garbage}: cannot open it as a " \
+        "study database (file is not a database). Hint: give the .db file autotune/run.sh wrote.\n"
+
+
+def test_records_frame_and_summary_by_hand():
+    """The best-so-far curve and "within 5 % of the ground truth's best" from a frame of
+    hand-made records: the grid's best is 4.0, so 3.8 is within 5 %, 3.0 is not."""
+    from autotune.plot import records_frame
+    from slapo.autotune.study import Record
+
+    def rec(i, status, thrpt=None):
+        return Record(i, {"batch_size": 8 * (i + 1), "ckpt_ratio": 0.5}, {}, status,
+                      throughput=thrpt)
+
+    grid = [rec(0, "ok", 1.0), rec(1, "oom"), rec(2, "ok", 4.0)]
+    search = [rec(0, "fail"), rec(1, "ok", 3.0), rec(2, "oom"), rec(3, "ok", 2.0),
+              rec(4, "ok", 3.8)]
+    frame = records_frame({"grid": grid, "search": search})
+    assert frame.Eval.tolist() == [1, 2, 3, 1, 2, 3, 4, 5]
+    assert str(frame.Throughput.dtype) == "float64" and frame.Throughput.isna().sum() == 3
+    best = frame.Best.fillna(-1).tolist()
+    assert best == [1.0, 1.0, 4.0, -1, 3.0, 3.0, 3.0, 3.8]
+    s = summarise({"grid": grid, "search": search})
+    assert s["grid"] == dict(evaluations=3, within_5pct_after=3, oom=1,
+                             best={"batch_size": 24, "ckpt_ratio": 0.5, "throughput": 4.0})
+    assert s["search"]["within_5pct_after"] == 5 and s["search"]["oom"] == 1
+    assert s["search"]["best"]["throughput"] == 3.8
+    assert summarise({"grid": [], "search": search})["search"]["within_5pct_after"] is None

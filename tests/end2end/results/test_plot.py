@@ -233,3 +233,17 @@ def test_a_machine_drifting_between_rounds_does_not_hide_a_consistent_ratio(tmp_
 
     unpaired = Samples.of([(0, 0.9), (1, 1.8)]).ratio(Samples.of([(0, 1.0), (2, 2.0)]))
     assert unpaired.within_noise and unpaired.label == "~"
+
+
+def test_a_results_file_that_cannot_be_read_is_one_line(tmp_path, capsys):
+    missing = tmp_path / "nope.tsv"
+    assert main([str(missing), "-o", str(tmp_path / "fig")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Traceback" not in err
+    assert err == f"end2end.plot: error: cannot read results '{missing}': No such file or " \
+                  "directory.\n"
+    headless = tmp_path / "x.tsv"
+    headless.write_text("not\ta results file\n")
+    assert main([str(headless), "-o", str(tmp_path / "fig")]) == 2
+    assert capsys.readouterr().err == f"end2end.plot: error: {headless}: no header line " \
+                                      "starting with 'Impl'.\n"

@@ -100,6 +100,8 @@ def _mode_name_tests(source: str) -> list:
         return False
 
     def is_mode_variable(node) -> bool:
+        if isinstance(node, ast.Attribute) and node.attr == "str":  # pandas: frame.System.str
+            node = node.value
         ident = node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
         return any(word in ident.lower() for word in ("mode", "impl", "system"))
 
@@ -119,8 +121,9 @@ def _mode_name_tests(source: str) -> list:
 def test_the_name_checker_finds_string_tests():
     code = ("if mode == 'megatron': pass\nif spec.mode in ('eager', 'x'): pass\n"
             "ok = row.impl.startswith('slapo')\nfine = mode == 'other'\n"
-            "framework = framework == 'deepspeed'\n")
-    assert [line for line, _ in _mode_name_tests(code)] == [1, 2, 3]
+            "framework = framework == 'deepspeed'\n"
+            "bars = bars[bars.System.str.startswith('slapo')]\n")
+    assert [line for line, _ in _mode_name_tests(code)] == [1, 2, 3, 6]
 
 
 def test_no_string_tests_of_mode_names_outside_the_table():
