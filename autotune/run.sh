@@ -24,8 +24,19 @@ NAME="autotune-${MODEL//_/-}"
 DB="$RESULTS_DIR/$NAME.db"
 export AUTOTUNE_RESULTS="$RESULTS_DIR/$NAME.tsv"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
-N=$("$PYTHON" -c "from slapo.autotune.cli import load_space_file as l; \
-print(len(l('$SPACE')['space'].candidates()))")
+# the number of candidates; a broken space file is one line (file:line: what. Hint: ...), exit 2
+N=$("$PYTHON" - "$SPACE" <<'PY'
+import sys
+
+from slapo.autotune.cli import load_space_file
+from slapo.errors import SlapoError
+
+try:
+    print(len(load_space_file(sys.argv[1])["space"].candidates()))
+except SlapoError as exc:
+    sys.exit("autotune/run.sh: error: " + " ".join(str(exc).split()))
+PY
+) || exit 2
 SEARCH_BUDGET="${SEARCH_BUDGET:-$(( (N + 2) / 3 ))}"
 TPE_BUDGET="${TPE_BUDGET:-$(( N / 3 ))}"
 echo "run.sh: $MODEL, $N candidates; load average: $(cut -d' ' -f1-3 /proc/loadavg)"

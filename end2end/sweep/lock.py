@@ -2,7 +2,8 @@
 
 Two sweeps of one config on one results file would each see the same runs as pending and run
 every line twice (issue 19). :class:`SweepLock` holds ``<results>.lock`` (not the results file
-itself: the driver processes append rows under their own short lock on that file) through
+itself, nor ``<results>.append.lock``, under which the driver processes append their rows:
+:mod:`end2end.results.locked_file`) through
 :class:`slapo.runtime.owner_lock.OwnerLock` (filelock, i.e. the kernel's ``flock``; what it does
 on Unix is written there). The lock file says ``sweep pid N since ...``, for the message a
 second sweep prints. The kernel drops the lock when the process dies, however it dies, so a

@@ -14,16 +14,28 @@ def _all_reduce(value):
     return dist.get_rank(), dist.get_world_size(), os.environ["LOCAL_RANK"], t.item(), os.getpid()
 
 
+def _write_pid(pid_dir):
+    """This rank's pid file, written whole (a reader never sees it empty)."""
+    path = os.path.join(pid_dir, f"{dist.get_rank()}.pid")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(path + ".tmp", path)
+
+
 def _fail_on_rank_one(pid_dir):
-    open(os.path.join(pid_dir, f"{dist.get_rank()}.pid"), "w").write(str(os.getpid()))
+    _write_pid(pid_dir)
     if dist.get_rank() == 1:
+        # fail only once rank 0 has written its pid: on a loaded machine rank 0 could otherwise
+        # be stopped before it did, and the test could not check that it is gone
+        while not os.path.exists(os.path.join(pid_dir, "0.pid")):
+            time.sleep(0.01)
         raise ValueError("boom on rank one")
     dist.barrier()  # rank 0 hangs here: rank 1 never arrives
     return "unreachable"
 
 
 def _sleep(pid_dir):
-    open(os.path.join(pid_dir, f"{dist.get_rank()}.pid"), "w").write(str(os.getpid()))
+    _write_pid(pid_dir)
     time.sleep(600)
 
 
@@ -36,7 +48,8 @@ def _alive(pid):
 
 
 def _pids(pid_dir):
-    return [int(open(os.path.join(pid_dir, f)).read()) for f in os.listdir(pid_dir)]
+    return [int(open(os.path.join(pid_dir, f)).read()) for f in os.listdir(pid_dir)
+            if f.endswith(".pid")]
 
 
 def test_two_ranks_all_reduce():
