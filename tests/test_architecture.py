@@ -189,3 +189,23 @@ def test_a_broken_layer_fails(tmp_path, layered, module, line, message):
     broken = _lint(copy)
     assert broken.returncode != 0
     assert message in broken.stdout, broken.stdout + broken.stderr
+
+
+def _source_files() -> list:
+    return sorted(str(p.relative_to(ROOT)) for folder in ("slapo", "end2end", "ablation",
+                                                           "autotune", "usability", "scripts")
+                  for p in (ROOT / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_source_file_is_ignored_by_git_or_docker():
+    """A package whose folder an ignore file names (``end2end/results/`` once held output) would
+    be missing from a clone and from the images."""
+    git = shutil.which("git")
+    if git and (ROOT / ".git").exists():
+        ignored = subprocess.run([git, "check-ignore", "--no-index", *_source_files()], cwd=ROOT,
+                                 capture_output=True, text=True).stdout.split()
+        assert not ignored, f".gitignore hides source files: {ignored}"
+    packages = {str(p.parent.relative_to(ROOT)) for p in ROOT.glob("*/**/__init__.py")}
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    hidden = [ln for ln in lines if ln.strip().rstrip("/") in packages]
+    assert not hidden, f".dockerignore hides packages: {hidden}"
