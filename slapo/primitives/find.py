@@ -9,7 +9,7 @@ import torch.fx as fx
 from ..errors import PatternError
 from ..trace.dynamo import is_dynamo_graph
 from ..trace.pattern import (PatternLike, SubgraphList, explain_no_match, find_nodes,
-                             find_subgraphs, graph_modules, validate_pattern)
+                             find_subgraphs, graph_modules, module_names, validate_pattern)
 from .module_checks import format_call
 from .registry import Primitive, register_primitive
 
@@ -75,11 +75,11 @@ class Find(Primitive):
             raise PatternError(f"no match: {why[0]}", path=sch.path, call=call, module=sch.mod,
                                hint=why[1])
         if not found and not allow_empty:
-            names = sorted({n.target for _, gm in graphs for n in gm.graph.nodes
-                            if n.op == "call_module"})
+            names = sorted({name for _, gm in graphs for name in module_names(gm)})
             raise PatternError(
                 "no match", path=sch.path, call=call, module=sch.mod,
-                hint="called modules here: " + ", ".join(names[:12]) if names else
+                hint=("modules that ran here (nn_module_stack of the dynamo graph): " if flat
+                      else "called modules here: ") + ", ".join(names[:12]) if names else
                 "the traced graph calls no modules; check the pattern's operations",
             )
         for i, sg in enumerate(found):

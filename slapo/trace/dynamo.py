@@ -16,7 +16,9 @@ What that means for a schedule:
   nodes, so ``find`` with a module-name regex refuses; ``node.meta["nn_module_stack"]`` still
   names the module each node came from: ``find(where=from_module("fc1"))``. Pattern functions
   match (a pattern's ``F.gelu`` / ``x + y`` / ``F.linear`` match ``aten.gelu`` / ``aten.add`` /
-  ``aten.linear``); ``fuse``, subgraph ``replace`` and ``checkpoint`` work on the matches.
+  ``aten.linear``), and a pattern's ``call_module(regex, x)`` matches the operations one call
+  of a module whose path matches ran (:func:`module_call`), so one pattern serves both tracers;
+  ``fuse``, subgraph ``replace`` and ``checkpoint`` work on the matches.
 * Hooks and slapo forward wrappers inside the module (``sync``, ``checkpoint``, ``fork_rng``)
   cannot survive a flat graph, so tracing refuses them: trace first, then apply those.
 * Tensor inputs are exported with automatic dynamic shapes (other batch and sequence sizes
@@ -40,7 +42,7 @@ from ..runtime.forward_wrap import forward_wrappers
 from .original import keep_original
 
 __all__ = ["export_module", "trace_dynamo", "check_tracer", "is_dynamo_graph", "from_module",
-           "TracedMode", "TRACER", "TRACERS"]
+           "module_call", "module_region", "module_paths", "TracedMode", "TRACER", "TRACERS"]
 
 TRACER = "dynamo"
 _META_KEY = "slapo_tracer"
@@ -77,6 +79,21 @@ def _dynamic_shapes(mod: nn.Module, args: tuple, kwargs: dict) -> Any:
     return {name: spec(value) for name, value in bound.arguments.items()}
 
 
+def _without_none_extras(mod: nn.Module, kwargs: dict) -> dict:
+    """``kwargs`` without the ``None`` values that only ``**kwargs`` of ``forward`` would take.
+
+    torch.export lays such extras out flat in one place and nested in another, so dynamic
+    shapes fail to line up ("Must provide a tree_name"); code that takes ``**kwargs`` reads
+    them with ``kwargs.get(name)``, for which an absent name and ``None`` are the same."""
+    try:
+        params = inspect.signature(mod.forward).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params or v is not None}
+
+
 def _mode_dependent(node: fx.Node) -> bool:
     """Dropout with p > 0 or batch norm: computed differently in train and eval mode."""
     name = str(getattr(node.target, "__name__", node.target))
@@ -107,6 +124,25 @@ class TracedMode:
                 "default tracer")
 
 
+class DroppedExtras:
+    """Forward pre-hook of a dynamo graph traced without ``None`` extras of ``**kwargs`` (see
+    :func:`_without_none_extras`): drops them from later calls too (the exported graph accepts
+    exactly the keywords it was traced with), and refuses a value other than ``None``."""
+
+    def __init__(self, names: List[str], path: str):
+        self.names, self.path = names, path
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple:
+        given = [k for k in self.names if kwargs.get(k) is not None]
+        if given:
+            raise TraceError(
+                f"keyword(s) {', '.join(given)} were None when this dynamo graph was traced "
+                "and the graph does not take them", path=self.path,
+                call="trace(tracer='dynamo')",
+                hint="trace with example inputs that pass them, or use the default tracer")
+        return args, {k: v for k, v in kwargs.items() if k not in self.names}
+
+
 def export_module(mod: nn.Module, inputs: Any, *, path: str = "") -> fx.GraphModule:
     """A flat GraphModule of ``mod`` called with ``inputs = (args, kwargs)`` (``torch.export``).
 
@@ -127,7 +163,8 @@ def export_module(mod: nn.Module, inputs: Any, *, path: str = "") -> fx.GraphMod
             hint="trace with tracer='dynamo' before applying those primitives, or use the "
             "default tracer, which keeps them")
     args, kwargs = inputs
-    args, kwargs = tuple(args), dict(kwargs)
+    args, given = tuple(args), dict(kwargs)
+    kwargs = _without_none_extras(mod, given)
     try:
         with torch.random.fork_rng(devices=[]):
             program = torch.export.export(mod, args, kwargs,
@@ -144,6 +181,9 @@ def export_module(mod: nn.Module, inputs: Any, *, path: str = "") -> fx.GraphMod
     for name in ("train", "eval"):  # torch.export's module refuses both; the parent calls them
         gm.__dict__.pop(name, None)
     gm.training = mod.training
+    if len(kwargs) < len(given):
+        gm.register_forward_pre_hook(DroppedExtras(sorted(set(given) - set(kwargs)), path),
+                                     with_kwargs=True, prepend=True)
     if any(_mode_dependent(n) for n in gm.graph.nodes):
         gm.register_forward_pre_hook(TracedMode(mod.training, path))
     gm.meta[_META_KEY] = TRACER
@@ -201,3 +241,65 @@ class from_module:  # used like a function: find(where=from_module("fc1"))
 
     def __repr__(self) -> str:
         return f"from_module({self.regex!r})"
+
+
+_NO_MODULE = "_empty_nn_module_stack_from_metadata_hook"  # torch.export's mark for "no module"
+
+
+def _stack(node: fx.Node) -> dict:
+    return node.meta.get("nn_module_stack") or {}
+
+
+def _names(path: str) -> tuple:
+    """A module path relative to the traced module, and the original Slapo's dynamo name of
+    it (``self_`` + the path with ``_`` for ``.``: ``self_query``)."""
+    return path, "self_" + path.replace(".", "_")
+
+
+def module_paths(gm: fx.GraphModule) -> List[str]:
+    """Paths of the modules that ran in a dynamo graph (``nn_module_stack``), in graph order."""
+    out: List[str] = []
+    for node in gm.graph.nodes:
+        for key, (path, _) in _stack(node).items():
+            if path and key != _NO_MODULE and path not in out:
+                out.append(path)
+    return out
+
+
+def module_call(node: fx.Node, regex: str) -> Any:
+    """The ``nn_module_stack`` key of the innermost module call whose path ``regex`` matches
+    (``re.fullmatch`` on the path relative to the traced module, or on the original's
+    ``self_``-name) and whose result ``node`` is (no user of ``node`` is inside that call);
+    ``None`` when there is none."""
+    if node.op != "call_function":
+        return None
+    for key, (path, _) in reversed(list(_stack(node).items())):
+        if path and key != _NO_MODULE and any(re.fullmatch(regex, n) for n in _names(path)):
+            if any(key in _stack(u) for u in node.users):
+                return None  # an intermediate value of the call, not its result
+            return key
+    return None
+
+
+def module_region(node: fx.Node, key: Any) -> tuple:
+    """``(nodes, inputs)`` of the module call ``key`` that produced ``node``: the operations of
+    that call ``node`` depends on plus the parameters only they read (graph order), and the
+    values from outside (first use order, parameters excluded)."""
+    inside, todo = {node}, [node]
+    while todo:
+        for arg in todo.pop().all_input_nodes:
+            if arg not in inside and key in _stack(arg):
+                inside.add(arg)
+                todo.append(arg)
+    for n in list(inside):
+        for arg in n.all_input_nodes:
+            if arg.op == "get_attr" and all(u in inside for u in arg.users):
+                inside.add(arg)
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    nodes = sorted(inside, key=order.get)
+    inputs: List[fx.Node] = []
+    for n in nodes:
+        for arg in n.all_input_nodes:
+            if arg not in inside and arg.op != "get_attr" and arg not in inputs:
+                inputs.append(arg)
+    return nodes, inputs

@@ -11,7 +11,8 @@ Three kinds of query, all on GraphModules produced by ``trace``:
   commutative), each pattern input binds one value consistently, and no intermediate result
   may be used outside the match. Functional and module forms are interchangeable (``F.gelu``
   matches ``nn.GELU``, ``F.linear`` matches ``nn.Linear``, ``x + y`` matches ``torch.add``),
-  and :func:`call_module` ``("regex", x)`` matches a call of a module whose name matches.
+  and :func:`call_module` ``("regex", x)`` matches a call of a module whose name matches
+  (on a ``tracer="dynamo"`` graph: the operations that call ran, by ``nn_module_stack``).
 
 Results are :class:`Subgraph` objects (graph order, non-overlapping) that ``replace``,
 ``checkpoint`` and ``fuse`` accept; a history replay finds them again on the new model.
@@ -29,6 +30,7 @@ from torch import nn
 
 from ..errors import PatternError
 from ..history import Deferred
+from .dynamo import is_dynamo_graph, module_call, module_paths, module_region
 
 __all__ = ["Subgraph", "SubgraphList", "call_module", "find_subgraphs", "graph_modules"]
 
@@ -38,7 +40,12 @@ PatternLike = Union[str, Callable, nn.Module]
 def call_module(name_regex: str, *args: Any) -> Any:
     """In a pattern function: stands for a call of any module whose name matches the regex
     (the whole name: ``re.fullmatch``). Works however it is referenced (``call_module``,
-    ``slapo.call_module``): called on a traced pattern input it records itself."""
+    ``slapo.call_module``): called on a traced pattern input it records itself.
+
+    On a flat ``tracer="dynamo"`` graph it matches the operations one call of such a module
+    ran (``node.meta["nn_module_stack"]``; the name is the path relative to the traced module,
+    ``query``, or the original Slapo's dynamo name ``self_query``) with the call's inputs as
+    its arguments (parameters stay inside), so a pattern serves both tracers."""
     for a in args:
         if isinstance(a, fx.Proxy):
             return a.tracer.create_proxy("call_function", call_module, (name_regex, *args), {})
@@ -57,6 +64,12 @@ _MODULE_AS_FUNCTION = {
 _ALIASES = {"iadd": "add", "matmul": "matmul", "truediv": "div", "floordiv": "floor_divide",
             "sub": "sub", "mm": "matmul", "bmm": "matmul"}
 _COMMUTATIVE = {"add", "mul"}
+
+
+class _Inner:
+    """Key in a match's bindings for a node of a flat module call other than its result."""
+
+    op = "inner"
 
 
 @dataclasses.dataclass(eq=False)
@@ -179,11 +192,14 @@ class _Matcher:
                  one_value_per_input: bool = True):
         self.pgm, self.owner = pattern_gm, owner
         self.one_value_per_input = one_value_per_input
+        self.flat = is_dynamo_graph(owner)
 
     def node_matches(self, p: fx.Node, g: fx.Node) -> bool:
         if g.op not in ("call_function", "call_method", "call_module"):
             return False
         if p.op == "call_function" and p.target is call_module:
+            if self.flat:
+                return module_call(g, p.args[0]) is not None
             return g.op == "call_module" and re.fullmatch(p.args[0], g.target) is not None
         if p.op == "call_module" and g.op == "call_module":
             if type(self.pgm.get_submodule(p.target)) is type(self.owner.get_submodule(g.target)):
@@ -206,6 +222,8 @@ class _Matcher:
             return bind[p] is g
         if g in bind.values() or not self.node_matches(p, g):
             return False
+        if self.flat and p.target is call_module:
+            return self.match_module_call(p, g, bind)
         p_args = list(p.args[1:] if p.target is call_module else p.args)
         g_args = list(g.args)
         if _is_module_form(p) != _is_module_form(g):  # functional vs module: data input only
@@ -222,6 +240,22 @@ class _Matcher:
                 bind.clear()
                 bind.update(trial)
                 return True
+        return False
+
+    def match_module_call(self, p: fx.Node, g: fx.Node, bind: Dict[Any, Any]) -> bool:
+        """``call_module(regex, *args)`` against the flat module call that produced ``g``."""
+        nodes, inputs = module_region(g, module_call(g, p.args[0]))
+        taken = set(bind.values())
+        p_args = list(p.args[1:])
+        if any(n in taken for n in nodes) or len(p_args) != len(inputs):
+            return False
+        trial = dict(bind)
+        trial[p] = g
+        trial.update((_Inner(), n) for n in nodes if n is not g)
+        if all(self.match(pa, ga, trial) for pa, ga in zip(p_args, inputs)):
+            bind.clear()
+            bind.update(trial)
+            return True
         return False
 
 
@@ -260,7 +294,7 @@ def explain_no_match(graphs: List[Tuple[str, fx.GraphModule]],
     """``(why, what to do)`` when ``pattern`` matched nothing in ``graphs`` because of a rule in
     which this matcher deliberately differs from the original Slapo's, else ``None``."""
     pgm, _ = _trace_pattern(pattern)
-    names = [n.target for _, gm in graphs for n in gm.graph.nodes if n.op == "call_module"]
+    names = [name for _, gm in graphs for name in module_names(gm)]
     for pn in pgm.graph.nodes:
         if pn.op == "call_function" and pn.target is call_module:
             regex = pn.args[0]
@@ -286,6 +320,14 @@ def explain_no_match(graphs: List[Tuple[str, fx.GraphModule]],
                 "extend the pattern to the other use of that value, or replace the operations "
                 "one at a time")
     return None
+
+
+def module_names(gm: fx.GraphModule) -> List[str]:
+    """Names ``call_module`` patterns match in ``gm``: called modules, or on a dynamo graph
+    the paths of the modules that ran."""
+    if is_dynamo_graph(gm):
+        return module_paths(gm)
+    return [n.target for n in gm.graph.nodes if n.op == "call_module"]
 
 
 def node_subgraph(owner_path: str, node: fx.Node) -> Subgraph:

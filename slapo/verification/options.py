@@ -91,6 +91,11 @@ class VerifyOptions:
     Nothing is moved: a real weight or an input on another device is an error (the original
     Slapo's ``Verify(..., device="cuda")`` moved the model there)."""
 
+    check_memory: bool = True
+    """Before running, estimate verify's peak memory per rank (:mod:`slapo.verification.budget`)
+    and stop with a one-line :class:`~slapo.VerifyError` saying how much is needed and which
+    options lower it when that exceeds the memory available (default ``True``)."""
+
     raise_on_mismatch: bool = True
     """Raise :class:`~slapo.VerifyError` on a mismatch (default ``True``); ``False`` only
     returns the report."""

@@ -24,6 +24,7 @@ __all__ = [
     "gather_chunks",
     "to_full",
     "OutputRecorder",
+    "OutputComparer",
     "first_difference",
     "first_tensor",
 ]
@@ -125,27 +126,38 @@ class VerifyReport:
         return "\n".join(lines)
 
 
+_CHUNK = 1 << 20  # elements compared at a time: float64 copies of whole outputs (an LM's
+#                  logits) would need several times the output's own memory
+
+
 def compare(actual: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float) -> Difference:
-    """Compare two tensors (shapes must agree; a shape mismatch is a difference)."""
+    """Compare two tensors (shapes must agree; a shape mismatch is a difference).
+
+    Computed in float64, a chunk of elements at a time, so the temporary copies stay small
+    whatever the tensors' size."""
     if tuple(actual.shape) != tuple(expected.shape):
         return Difference(float("inf"), float("inf"), False,
                           f"shape {list(actual.shape)} instead of {list(expected.shape)}")
-    if actual.numel() == 0:
-        return Difference(0.0, 0.0, True)
-    a = actual.detach().to(torch.float64)
-    b = expected.detach().to(torch.float64).to(a.device)
-    if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
-        same_nonfinite = torch.equal(torch.isnan(a), torch.isnan(b))
-        finite = torch.isfinite(a) & torch.isfinite(b)
-        a, b = a[finite], b[finite]
-        if not same_nonfinite:
-            return Difference(float("nan"), float("nan"), False, "NaN/inf in different places")
-        if a.numel() == 0:
-            return Difference(0.0, 0.0, True)
-    diff = (a - b).abs()
-    max_abs = diff.max().item()
-    max_rel = (diff / b.abs().clamp_min(1e-12)).max().item()
-    ok = bool((diff <= atol + rtol * b.abs()).all())
+    a_all = actual.detach().reshape(-1)
+    b_all = expected.detach().reshape(-1)
+    max_abs = max_rel = 0.0
+    ok = True
+    for start in range(0, a_all.numel(), _CHUNK):
+        a = a_all[start:start + _CHUNK].to(torch.float64)
+        b = b_all[start:start + _CHUNK].to(device=a.device, dtype=torch.float64)
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            if not torch.equal(torch.isnan(a), torch.isnan(b)):
+                return Difference(float("nan"), float("nan"), False,
+                                  "NaN/inf in different places")
+            finite = torch.isfinite(a) & torch.isfinite(b)
+            a, b = a[finite], b[finite]
+            if a.numel() == 0:
+                continue
+        diff = (a - b).abs()
+        scale = b.abs()
+        max_abs = max(max_abs, diff.max().item())
+        max_rel = max(max_rel, (diff / scale.clamp_min(1e-12)).max().item())
+        ok = ok and bool((diff <= atol + rtol * scale).all())
     return Difference(max_abs, max_rel, ok)
 
 
@@ -237,13 +249,15 @@ class OutputRecorder:
     innermost module where the outputs start to differ; backward records arrive in backward
     order, so the first differing one is the module closest to the loss whose output gradient is
     wrong. ``active`` is the stack of modules currently running; after an exception it still
-    holds the modules the exception passed through, innermost last.
+    holds the modules the exception passed through, innermost last. With ``keep=False`` only
+    ``active`` is tracked (nothing is recorded or held).
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, keep: bool = True):
         self.records: List[Tuple[str, int, torch.Tensor]] = []
         self.grad_records: List[Tuple[str, int, torch.Tensor]] = []
         self.active: List[str] = []
+        self.keep = keep
         self._calls: Dict[str, int] = {}
         self._handles = []
         for path, mod in model.named_modules(remove_duplicate=False):
@@ -264,11 +278,11 @@ class OutputRecorder:
             if self.active and self.active[-1] == path:
                 self.active.pop()
             t = first_tensor(out)
-            if t is None:
+            if t is None or not self.keep:
                 return
             n = self._calls.get(path, 0)
             self._calls[path] = n + 1
-            self.records.append((path, n, t.detach().clone()))
+            self.record(self.records, path, n, t)
             if t.requires_grad:
                 # A tensor hook (not a module backward hook): it does not wrap the output, so
                 # in-place ops on it later (e.g. ReLU(inplace=True)) stay legal.
@@ -278,14 +292,59 @@ class OutputRecorder:
 
     def _grad(self, path: str, n: int):
         def hook(grad: torch.Tensor) -> None:
-            self.grad_records.append((path, n, grad.detach().clone()))
+            self.record(self.grad_records, path, n, grad)
 
         return hook
+
+    def record(self, records: list, path: str, n: int, t: torch.Tensor) -> None:
+        records.append((path, n, t.detach().clone()))
 
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+
+class OutputComparer(OutputRecorder):
+    """An :class:`OutputRecorder` of the scheduled model that compares each record with the
+    reference's as it is produced and keeps only the first difference (forward and backward),
+    so one model's records are held, not two. Every rank must run the same module calls."""
+
+    def __init__(self, model: nn.Module, reference: OutputRecorder, group, rtol: float,
+                 atol: float):
+        super().__init__(model)
+        self.reference = reference
+        self.group, self.tol = group, (rtol, atol)
+        self._expected: Dict[int, Dict[Tuple[str, int], torch.Tensor]] = {}
+        self.first: Dict[int, Optional[Tuple[str, Difference]]] = {}
+
+    def _take_expected(self, records: list, path: str, n: int) -> Optional[torch.Tensor]:
+        """The reference's record of this call, handed over (and released once compared): the
+        reference's forward (backward) has finished before the scheduled model's starts."""
+        key = id(records)
+        if key not in self._expected:
+            ref = (self.reference.records if records is self.records
+                   else self.reference.grad_records)
+            self._expected[key] = {(p, i): e for p, i, e in ref}
+            ref.clear()
+        return self._expected[key].pop((path, n), None)
+
+    def record(self, records: list, path: str, n: int, t: torch.Tensor) -> None:
+        expected = self._take_expected(records, path, n)
+        if expected is None:
+            return
+        diff = compare(to_full(t.detach(), self.group, like=expected), expected, *self.tol)
+        key = id(records)
+        if self.first.get(key) is None and not diff.ok:
+            self.first[key] = (path, diff)
+
+    @property
+    def first_divergence(self) -> Optional[Tuple[str, Difference]]:
+        return self.first.get(id(self.records))
+
+    @property
+    def first_grad_divergence(self) -> Optional[Tuple[str, Difference]]:
+        return self.first.get(id(self.grad_records))
 
 
 def first_difference(ref: List[Tuple[str, int, torch.Tensor]],

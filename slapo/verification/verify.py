@@ -36,6 +36,7 @@ from ..errors import VerifyError
 from ..schedule import Schedule
 from ..sharding.spec import get_shard_spec
 from ..testing.compare import outputs_of
+from .budget import check_memory, estimate_peak
 from .options import OPTION_NAMES, VerifyOptions, check_keywords, make_options
 from .rules import check_schedule
 from .targets import (
@@ -52,10 +53,10 @@ from .targets import (
 from .tools import (
     DerivedParams,
     Difference,
+    OutputComparer,
     OutputRecorder,
     compare,
     default_tolerances,
-    first_difference,
     first_tensor,
     to_full,
     VerifyReport,
@@ -112,15 +113,16 @@ def _backward_scalar(out: Any, ref_out: Any, group) -> torch.Tensor:
 class _SavedState:
     """Parameters, buffers, gradients, dtypes and train flag of a model, restored on exit."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, keep_values: bool = True):
         self.model = model
         self.training = model.training
-        self.tensors = [(t, t.data.clone(), t.grad) for t in
+        self.tensors = [(t, t.data.clone() if keep_values else None, t.grad) for t in
                         list(model.parameters()) + list(model.buffers())]
 
     def restore(self) -> None:
         for t, data, grad in self.tensors:
-            t.data = data
+            if data is not None:
+                t.data = data
             if isinstance(t, nn.Parameter):
                 t.grad = grad
         self.model.train(self.training)
@@ -179,16 +181,24 @@ def verify(
         device = _first_device(inputs if inputs is not None else example_inputs)
     inputs = inputs_of(sch, ref_root, example_inputs, inputs, opts.init_weights, device,
                        opts.init_seed)
+    if opts.check_memory:
+        estimate = estimate_peak(ref_src, sch.mod, inputs, whole=sch.parent is None,
+                                 backward=opts.check_grads or opts.steps > 1, dtype=opts.dtype,
+                                 config=getattr(root.mod, "config", None))
+        check_memory(estimate, device, group, sub_module=sch.parent is not None)
     distributed = _distributed(group)
     if distributed:
         inputs = map_tensors(inputs, lambda t: _broadcast_(t, group))
     with materialized(sch, ref_src, opts.init_weights, device, opts.init_seed) as pair:
         ref_model, fresh = pair
         model = sch.mod
-        if distributed:
+        if distributed:  # into the copy's own tensors: no second copy of the original
             for t in list(ref_model.parameters()) + list(ref_model.buffers()):
-                t.data = _broadcast_(t.data, group)
-        saved = _SavedState(model)
+                if t.is_contiguous():
+                    dist.broadcast(t.data, _src_rank(group), group=group)
+                else:
+                    t.data = _broadcast_(t.data, group)
+        saved = _SavedState(model, keep_values=not fresh)  # fresh: meta again on exit
         try:
             if opts.load_weights:
                 _load_reference_weights(ref_model, model)
@@ -262,7 +272,8 @@ def _run(ref_model, model, inputs, group, opts: VerifyOptions,
          input_grads: bool = False) -> VerifyReport:
     """Run both models ``opts.steps`` times from the same seed and compare outputs (first step),
     gradients (first step; of the module's inputs too with ``input_grads``) and parameters after
-    each SGD step; the first diverging module is found from the first step's records."""
+    each SGD step. Forward-only runs keep no autograd graph. On a mismatch in the first step,
+    that step is run again recording module outputs to name the first diverging module."""
     if opts.dtype is not None:
         ref_model.to(opts.dtype)
         model.to(opts.dtype)
@@ -278,50 +289,84 @@ def _run(ref_model, model, inputs, group, opts: VerifyOptions,
     for name, value in derived.rebuild(group, grad=False).items():
         report.derived_values[name] = compare(value, ref_params[name].data, *tol)
     sgd = [torch.optim.SGD(m.parameters(), lr=opts.lr) for m in (ref_model, model)]
+    backward = opts.check_grads or opts.steps > 1
     for step in range(opts.steps):
-        recorders = [OutputRecorder(m) for m in (ref_model, model)] \
-            if opts.localize and step == 0 else None
-        for m in (ref_model, model):
-            m.zero_grad(set_to_none=True)
+        ran = _step(ref_model, model, inputs, group, opts, tol, report, step,
+                    input_grads and step == 0)
+        if not ran:
+            break
+        if step == 0 and opts.check_grads:
+            _compare_grads(report, derived, ref_params, sch_params, group, tol)
+        if step == 0 and opts.localize and report.failures():
+            _localize(ref_model, model, inputs, group, opts, tol, report, backward)
+        if opts.steps > 1:
+            for o in sgd:
+                o.step()
+            _compare_params(report, derived, ref_params, sch_params, group, tol)
+    report.ok = not report.failures()
+    if report.ok:
+        report.first_divergence = report.first_grad_divergence = None
+    return report
+
+
+def _step(ref_model, model, inputs, group, opts: VerifyOptions, tol, report: VerifyReport,
+          step: int, input_grads: bool) -> bool:
+    """One run of both models (outputs compared in the first step, backward when gradients
+    or SGD steps are asked for); ``False`` when the scheduled model raised (reported with the
+    module it raised in)."""
+    backward = opts.check_grads or opts.steps > 1
+    for m in (ref_model, model):
+        m.zero_grad(set_to_none=True)
+    ref_inputs, sch_inputs = ((grad_leaves(inputs), grad_leaves(inputs)) if input_grads
+                              else (inputs, inputs))
+    tracker = OutputRecorder(model, keep=False)  # which module raised, nothing held
+    with torch.set_grad_enabled(backward):
         torch.manual_seed(opts.seed + step)
-        ref_inputs, sch_inputs = (grad_leaves(inputs), grad_leaves(inputs)) \
-            if input_grads and step == 0 else (inputs, inputs)
         ref_out = _call(ref_model, ref_inputs)
         torch.manual_seed(opts.seed + step)
         try:
             out = _call(model, sch_inputs)
         except Exception as e:  # noqa: BLE001 - reported with the module that raised
-            where = recorders[1].active[-1] if recorders and recorders[1].active else "<root>"
+            where = tracker.active[-1] if tracker.active else "<root>"
             report.error = (where, f"{type(e).__name__}: {e}".splitlines()[0][:300])
-            break
-        if step == 0:
-            _compare_outputs(report, ref_out, out, group, tol)
-        if opts.check_grads or opts.steps > 1:
-            _backward_scalar(ref_out, ref_out, None).backward()
-            _backward_scalar(out, ref_out, group).backward()
-            _reduce_replicated_grads(model, group)
-        if recorders is not None:
-            for r in recorders:
-                r.remove()
-            report.first_divergence = first_difference(
-                recorders[0].records, recorders[1].records, group, *tol)
-            report.first_grad_divergence = first_difference(
-                recorders[0].grad_records, recorders[1].grad_records, group, *tol)
-        if opts.check_grads and step == 0:
-            if input_grads:
-                compare_input_grads(report, ref_inputs, sch_inputs, *tol)
-            _compare_grads(report, derived, ref_params, sch_params, group, tol)
-        if opts.steps > 1:
-            for o in sgd:
-                o.step()
-            _compare_params(report, derived, ref_params, sch_params, group, tol)
-    if recorders is not None:
-        for r in recorders:
-            r.remove()
-    report.ok = not report.failures()
-    if report.ok:
-        report.first_divergence = report.first_grad_divergence = None
-    return report
+            return False
+        finally:
+            tracker.remove()
+    if step == 0:
+        _compare_outputs(report, ref_out, out, group, tol)
+    if backward:
+        _backward_scalar(ref_out, ref_out, None).backward()
+        _backward_scalar(out, ref_out, group).backward()
+        _reduce_replicated_grads(model, group)
+    if input_grads and opts.check_grads:
+        compare_input_grads(report, ref_inputs, sch_inputs, *tol)
+    return True
+
+
+def _localize(ref_model, model, inputs, group, opts: VerifyOptions, tol, report: VerifyReport,
+              backward: bool) -> None:
+    """Run the first step again, recording the original's module outputs (and their gradients)
+    and comparing the scheduled model's with them as they are produced: the first diverging
+    module, forward and backward. Leaves the same gradients as the first run."""
+    for m in (ref_model, model):
+        m.zero_grad(set_to_none=True)
+    reference = OutputRecorder(ref_model)
+    with torch.set_grad_enabled(backward):
+        torch.manual_seed(opts.seed)
+        ref_out = _call(ref_model, inputs)
+        reference.remove()
+        mine = OutputComparer(model, reference, group, *tol)
+        torch.manual_seed(opts.seed)
+        try:
+            out = _call(model, inputs)
+        finally:
+            mine.remove()
+    if backward:
+        _backward_scalar(ref_out, ref_out, None).backward()
+        _backward_scalar(out, ref_out, group).backward()
+        _reduce_replicated_grads(model, group)
+    report.first_divergence = mine.first_divergence
+    report.first_grad_divergence = mine.first_grad_divergence
 
 
 def _tolerances(opts: VerifyOptions, run_dtype: torch.dtype) -> Tuple[float, float]:

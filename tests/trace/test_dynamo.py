@@ -143,3 +143,129 @@ def _tensor_parallel_dynamo():
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_dynamo_graph_with_tensor_parallel_shards(world_size):
     assert run_distributed(_tensor_parallel_dynamo, world_size) == [world_size] * world_size
+
+
+# ------------------------------------------------ module-aware patterns on a flat graph
+_SELF = "bert.encoder.layer.0.attention.self"
+
+
+def _qkv_pattern(x):
+    """The original Slapo's dynamo test pattern (its dynamo named the modules ``self_query``)."""
+    return slapo.call_module(r"self_(query|key|value)", x)
+
+
+def _qkv_heads_pattern(x):
+    x = slapo.call_module(r"(query|key|value)", x)
+    return x.view((2, 8, 2, 16)).transpose(1, 2)
+
+
+class FusedQKV(nn.Module):
+    """The three projections as one matmul on their concatenated weights (the same Parameter
+    objects, so gradients and state_dict keys stay those of the original)."""
+
+    def __init__(self, owner: nn.Module):
+        super().__init__()
+        names = ("query", "key", "value")
+        self.weights = nn.ParameterList(owner.get_parameter(f"{n}.weight") for n in names)
+        self.biases = nn.ParameterList(owner.get_parameter(f"{n}.bias") for n in names)
+
+    def forward(self, x):
+        out = F.linear(x, torch.cat(list(self.weights)), torch.cat(list(self.biases)))
+        return out.chunk(3, dim=-1)
+
+
+def _bert_self_dynamo(seed: int = 0):
+    from slapo.testing import example_inputs, tiny_model
+
+    ref, model = tiny_model("bert", seed=seed), tiny_model("bert", seed=seed)
+    inputs = example_inputs("bert")
+    sch = slapo.create_schedule(model)
+    sch[_SELF].trace(example_inputs=inputs, tracer="dynamo")
+    return ref, model, sch, inputs
+
+
+def _qkv_on_dynamo():
+    """The original's pattern finds q, k, v on the flat graph, a horizontal replace of the
+    matches trains like the model, and the same pattern finds them with the default tracer."""
+    from slapo.testing import example_inputs, tiny_model
+
+    ref, model, sch, inputs = _bert_self_dynamo()
+    sub = sch[_SELF]
+    hits = sub.find(_qkv_pattern)
+    assert [[n.name for n in h.nodes] for h in hits] == [
+        [f"{p}_weight", f"{p}_bias", f"linear{s}"]
+        for p, s in (("query", ""), ("key", "_1"), ("value", "_2"))]
+    assert all([i.name for i in h.inputs] == ["hidden_states"] for h in hits)
+    assert len(sub.find(lambda x: slapo.call_module("(query|key|value)", x))) == 3
+    sub.replace(FusedQKV(sub.mod), hits)
+    assert not any(n.target is torch.ops.aten.linear.default for n in sub.mod.graph.nodes)
+    names = [n for n, _ in model.named_parameters()]
+    assert names == [n for n, _ in ref.named_parameters()]  # shared, not new, parameters
+    train_and_compare(ref, model, inputs, steps=2)
+    # the default tracer: the same pattern, on call_module nodes
+    fx_model = tiny_model("bert")
+    fx_sch = slapo.create_schedule(fx_model)
+    fx_sch[_SELF].trace(example_inputs=example_inputs("bert"))
+    assert len(fx_sch[_SELF].find(lambda x: slapo.call_module("(query|key|value)", x))) == 3
+    return dist.get_world_size()
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_call_module_pattern_on_a_dynamo_graph(world_size):
+    assert run_distributed(_qkv_on_dynamo, world_size) == [world_size] * world_size
+
+
+def test_call_module_matches_checkpoint_and_fuse_on_a_dynamo_graph():
+    ref, model, sch, inputs = _bert_self_dynamo()
+    sub = sch[_SELF]
+    hits = sub.find(_qkv_heads_pattern)  # projection, view, transpose of each of q, k, v
+    assert [len(h.nodes) for h in hits] == [5, 5, 5]
+    assert [h.output.target for h in hits] == [torch.ops.aten.transpose.int] * 3
+    # a module whose path does not match: the error names the modules that ran
+    with pytest.raises(PatternError, match=r"no match.*modules that ran here.*key, query, "
+                       r"value"):
+        sub.find(lambda x: slapo.call_module("nope", x))
+    # the pattern's arguments are the call's inputs; parameters stay inside the match
+    with pytest.raises(PatternError, match="no match"):
+        sub.find(lambda x, w: slapo.call_module("query", x, w))
+    # each projection with its parameters: checkpoint one, compile another, replace the third
+    query, key, value = sub.find(lambda x: slapo.call_module("(query|key|value)", x))
+    sub.checkpoint(query)
+    sub.fuse(key, compiler="aot_eager", name="KeyProjection")
+    sub.replace(lambda x: F.linear(x, sub.mod.get_parameter("value.weight"),
+                                   sub.mod.get_parameter("value.bias")), value)
+    assert any(n.op == "call_module" and n.target.startswith("KeyProjection")
+               for n in sub.mod.graph.nodes)
+    train_and_compare(ref, model, inputs, steps=2)
+
+
+def test_a_call_module_match_replays_on_a_fresh_model():
+    from slapo.testing import tiny_model
+
+    ref, model, sch, inputs = _bert_self_dynamo()
+    sub = sch[_SELF]
+    sub.checkpoint(sub.find(_qkv_pattern)[1])  # the key projection, recomputed in backward
+    fresh = tiny_model("bert")
+    sch.history.replay(fresh)
+    graph = fresh.get_submodule(_SELF).graph
+    assert is_dynamo_graph(fresh.get_submodule(_SELF))
+    assert [n.target for n in graph.nodes if n.op == "call_module" and n.target != "_guards_fn"
+            ] == [n.target for n in sub.mod.graph.nodes
+                  if n.op == "call_module" and n.target != "_guards_fn"] != []
+    train_and_compare(ref, fresh, inputs, steps=1)
+    train_and_compare(tiny_model("bert"), model, inputs, steps=1)
+
+
+def test_none_extras_of_kwargs_are_left_out_and_refused_when_given():
+    """HF's BertSelfAttention takes ``**kwargs``; the parent passes ``encoder_hidden_states=None``
+    and ``position_ids=None`` through them, which torch.export cannot line up with dynamic shapes:
+    they are left out of the graph, dropped from later calls, and refused when not None."""
+    _, model, sch, inputs = _bert_self_dynamo()
+    gm = sch[_SELF].mod
+    hidden = torch.randn(2, 8, 32)
+    mask = torch.zeros(2, 1, 8, 8)
+    out = gm(hidden, attention_mask=mask, cache=None, encoder_hidden_states=None)
+    torch.testing.assert_close(out[0], gm(hidden, attention_mask=mask, cache=None)[0])
+    with pytest.raises(TraceError, match=r"encoder_hidden_states were None when this dynamo "
+                       r"graph was traced.*Hint: trace with example inputs that pass them"):
+        gm(hidden, attention_mask=mask, cache=None, encoder_hidden_states=hidden)

@@ -57,7 +57,8 @@ def test_defaults_are_those_of_verify():
     assert dataclasses.asdict(opts) == {
         "check_grads": True, "dtype": None, "rtol": None, "atol": None, "steps": 1, "lr": 0.1,
         "eval_mode": True, "seed": 2023, "localize": True, "rules": True, "load_weights": True,
-        "init_weights": True, "init_seed": 0, "device": None, "raise_on_mismatch": True}
+        "init_weights": True, "init_seed": 0, "device": None, "check_memory": True,
+        "raise_on_mismatch": True}
     with pytest.raises(dataclasses.FrozenInstanceError):
         opts.steps = 3
 
