@@ -38,13 +38,17 @@ def single_node_command(spec: RunSpec, results: str, extra: Sequence[str] = (),
 def torchrun_node_command(spec: RunSpec, results: str, nnodes: int, nproc_per_node: int,
                           master_addr: str, master_port: int = 29500, job_id: str = "slapo",
                           extra: Sequence[str] = (), torchrun: Sequence[str] = ("torchrun",),
-                          is_host: Optional[bool] = None) -> List[str]:
+                          is_host: Optional[bool] = None,
+                          join_timeout: Optional[int] = None) -> List[str]:
     """The command to start on *every* node (c10d rendezvous at ``master_addr:master_port``).
     ``is_host``: whether this node's agent hosts the rendezvous store (``--rdzv_conf``; needed
-    when several "nodes" share one machine, where torchrun cannot tell them apart)."""
+    when several "nodes" share one machine, where torchrun cannot tell them apart).
+    ``join_timeout``: seconds an agent waits for every node to join (torchrun's default: 600)."""
     if nnodes * nproc_per_node != spec.n:
         raise ValueError(f"{nnodes} nodes x {nproc_per_node} GPUs != n={spec.n}")
-    conf = [] if is_host is None else [f"--rdzv_conf=is_host={int(is_host)}"]
+    pairs = ([] if is_host is None else [f"is_host={int(is_host)}"]) + \
+        ([] if join_timeout is None else [f"join_timeout={join_timeout}"])
+    conf = [f"--rdzv_conf={','.join(pairs)}"] if pairs else []
     return [*([torchrun] if isinstance(torchrun, str) else torchrun), f"--nnodes={nnodes}",
             f"--nproc_per_node={nproc_per_node}", "--rdzv_backend=c10d",
             f"--rdzv_endpoint={master_addr}:{master_port}", f"--rdzv_id={job_id}", *conf,
@@ -58,12 +62,19 @@ def hostfile_text(hosts: Sequence[str], slots: int) -> str:
 
 def deepspeed_command(spec: RunSpec, results: str, hostfile: str, nnodes: int,
                       gpus_per_node: int, master_addr: Optional[str] = None,
-                      master_port: int = 29500, extra: Sequence[str] = ()) -> List[str]:
-    """The DeepSpeed launcher command (run once, on the first host; it ssh-es to the others)."""
+                      master_port: int = 29500, extra: Sequence[str] = (),
+                      launcher: Sequence[str] = ("deepspeed",),
+                      ssh_check: bool = True) -> List[str]:
+    """The DeepSpeed launcher command (run once, on the first host; it ssh-es to the others).
+    ``--no_local_rank``: the driver reads LOCAL_RANK from the environment and has no
+    ``--local_rank`` option. ``ssh_check=False`` (``--no_ssh_check``): a hostfile of one
+    ``localhost`` line runs here without ssh (DeepSpeed otherwise tries ``ssh localhost``)."""
     if nnodes * gpus_per_node != spec.n:
         raise ValueError(f"{nnodes} nodes x {gpus_per_node} GPUs != n={spec.n}")
-    cmd = ["deepspeed", f"--hostfile={hostfile}", f"--num_nodes={nnodes}",
-           f"--num_gpus={gpus_per_node}", f"--master_port={master_port}"]
+    cmd = [*launcher, f"--hostfile={hostfile}", f"--num_nodes={nnodes}",
+           f"--num_gpus={gpus_per_node}", f"--master_port={master_port}", "--no_local_rank"]
+    if not ssh_check:
+        cmd.append("--no_ssh_check")
     if master_addr:
         cmd.append(f"--master_addr={master_addr}")
     args = bench_args(spec, results, extra)

@@ -18,12 +18,14 @@ import os
 import re
 import signal
 import subprocess
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import psutil
 
-__all__ = ["run_logged", "stop_tree", "signal_death", "GRACE_S"]
+__all__ = ["run_logged", "run_group", "GroupOutcome", "stop_tree", "signal_death", "GRACE_S"]
 
 GRACE_S = 10.0  # seconds between SIGTERM and SIGKILL
 
@@ -93,6 +95,86 @@ def run_logged(cmd: Sequence[str], log: Path, timeout: Optional[float]) -> Tuple
             with _signals_ignored():
                 stop_tree(proc)
             raise
+
+
+@dataclass
+class GroupOutcome:
+    """How the commands of :func:`run_group` ended: ``codes[i]`` is command i's exit status
+    (negative: killed by that signal; None: it never started, or the group stopped it while it
+    still ran), ``start_errors[i]`` why command i could not start, ``failed`` the commands that
+    ended on their own with a non-zero status (in the order seen), ``timed_out`` whether the
+    timeout stopped the group, ``stopped`` the commands the group stopped."""
+
+    codes: List[Optional[int]]
+    start_errors: Dict[int, str] = field(default_factory=dict)
+    failed: List[int] = field(default_factory=list)
+    timed_out: bool = False
+    stopped: List[int] = field(default_factory=list)
+
+
+def _start(cmd: Sequence[str], log: Path) -> subprocess.Popen:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as fh:
+        fh.write(" ".join(cmd) + "\n")
+        fh.flush()
+        return subprocess.Popen(list(cmd), stdout=fh, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _stop_group(procs: Sequence[Optional[subprocess.Popen]],
+                seen: Dict[int, psutil.Process], grace: float) -> None:
+    """Stop every command and every process ever seen below one (a rank whose launcher died
+    is reparented away from it, so the tree alone would miss it)."""
+    for proc in procs:
+        if proc is not None:
+            stop_tree(proc, grace)
+    left = [p for p in seen.values() if p.is_running()]
+    _signal_all(left, signal.SIGKILL)
+    psutil.wait_procs(left, timeout=grace)
+
+
+def run_group(cmds: Sequence[Sequence[str]], logs: Sequence[Path], timeout: float,
+              grace: float = GRACE_S, poll_s: float = 0.2) -> GroupOutcome:
+    """Run the commands of one job together (one per node), each in its own session with its
+    output in its log, until all succeed, one fails, or ``timeout`` seconds pass; then stop
+    every one still running with all its processes. A command that cannot start (no ``ssh``)
+    fails the group at once. An exception while waiting (Ctrl-C) stops everything, re-raised."""
+    procs: List[Optional[subprocess.Popen]] = []
+    out = GroupOutcome(codes=[None] * len(cmds))
+    seen: Dict[int, psutil.Process] = {}
+    try:
+        for i, (cmd, log) in enumerate(zip(cmds, logs)):
+            try:
+                procs.append(_start(cmd, log))
+            except OSError as exc:
+                procs.append(None)
+                out.start_errors[i] = f"{cmd[0]}: {exc.strerror or exc}"
+        deadline = time.monotonic() + timeout
+        while not out.start_errors:
+            for proc in procs:
+                seen.update((p.pid, p) for p in _descendants(proc.pid) if p.pid not in seen)
+            for i, proc in enumerate(procs):
+                if proc.poll() not in (None, 0) and i not in out.failed:
+                    out.failed.append(i)
+            if out.failed or all(p.poll() is not None for p in procs):
+                break
+            if time.monotonic() > deadline:
+                out.timed_out = True
+                break
+            time.sleep(poll_s)
+        if out.failed:
+            time.sleep(min(1.0, grace))  # let a peer's death show in the logs and codes
+            out.failed += [i for i, p in enumerate(procs)
+                           if p.poll() not in (None, 0) and i not in out.failed]
+        out.stopped = [i for i, p in enumerate(procs) if p is not None and p.poll() is None]
+        out.codes = [None if p is None or i in out.stopped else p.returncode
+                     for i, p in enumerate(procs)]
+        _stop_group(procs, seen, grace)
+        return out
+    except BaseException:
+        with _signals_ignored():
+            _stop_group(procs, seen, grace)
+        raise
 
 
 class _signals_ignored:

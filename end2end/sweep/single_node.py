@@ -19,26 +19,23 @@ holds :class:`~end2end.sweep.lock.SweepLock` on the results file for its lifetim
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import re
-import signal
 import sys
-import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Optional, Sequence
 
 from slapo.errors import ConfigError
 
 from end2end.cli import (HelpFormatter, add_logging_arguments, configure_logging, get_logger,
-                         number, report_errors)
+                         number)
 from end2end.spec.config_file import RunSpec, interleave, load_runs
 from end2end.sweep.commands import shell_join, single_node_command
 from end2end.sweep.procs import run_logged, signal_death
 from end2end.sweep.progress import Progress, format_duration
-from end2end.results.store import (ResultRow, append_result, env_columns, mark, pending_runs,
-                                   read_results, rollback)
+from end2end.results.store import ResultRow, append_result, env_columns, mark, rollback
 from end2end.sweep.lock import SweepLock
+from end2end.sweep.outcome import (check_timeout, last_line, log_path, not_ok, pending, rows_for,
+                                   run_interruptible, settle_row, signal_name)
 
 __all__ = ["estimate_run_seconds", "run_sweep", "check_timeout", "build_parser", "main"]
 
@@ -66,63 +63,15 @@ def _default_devices(device: str) -> int:
     return os.cpu_count() or 1
 
 
-def _log_path(results: Path, spec: RunSpec) -> Path:
-    name = re.sub(r"[^A-Za-z0-9.=-]+", "_", "-".join(map(str, spec.key)))
-    return results.parent / (results.name + ".logs") / f"{name}.log"
-
-
-def _rows_for(results: Path, spec: RunSpec) -> int:
-    if not results.exists():
-        return 0
-    return sum(1 for r in read_results(results, check_twin=False).rows if r.key == spec.key)
-
-
-def _last_line(log: Path) -> str:
-    try:
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
-    errors = [ln for ln in lines if "Error" in ln or "error" in ln]
-    return (errors or lines or [""])[-1].strip()
-
-
-def _not_ok(runs: Sequence[RunSpec], results: Path) -> Dict[str, int]:
-    """Status counts of the runs whose latest row is not ``ok`` (``pending``: no row)."""
-    latest = {}
-    if results.exists():
-        latest = {r.key: r.status for r in read_results(results, check_twin=False).rows}
-    counts: Dict[str, int] = {}
-    for spec in runs:
-        status = latest.get(spec.key, "pending")
-        if status != "ok":
-            counts[status] = counts.get(status, 0) + 1
-    return counts
-
-
 def _failure_reason(rc: int, timed_out: bool, timeout: float, log: Path) -> str:
     if timed_out:
         return f"timed out after {format_duration(timeout)} (log: {log})"
     if rc is not None and rc < 0:
-        return f"the launcher was killed by {_signal_name(-rc)} (log: {log})"
+        return f"the launcher was killed by {signal_name(-rc)} (log: {log})"
     killed = signal_death(log)
     if killed:
         return f"{killed} (exit code {rc}; log: {log})"
-    return f"exit code {rc}: {_last_line(log)} (log: {log})"
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def check_timeout(timeout: float) -> float:
-    """A per-run timeout must be a finite number of seconds > 0."""
-    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-        raise ConfigError(f"timeout {timeout!r} is not a positive number of seconds",
-                          hint="give e.g. --timeout 1800 (the default)")
-    return float(timeout)
+    return f"exit code {rc}: {last_line(log)} (log: {log})"
 
 
 def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
@@ -151,30 +100,20 @@ def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
     out = Path(results)
     extra = ["--device", device, *extra]
     if dry_run:
-        for spec in _pending(runs, out, retry_failed, max_devices):
+        for spec in pending(runs, out, retry_failed, max_devices):
             print(shell_join(single_node_command(spec, str(out), extra, TORCHRUN)))
         return 0
     with SweepLock(out, wait=wait, on_wait=lambda owner: log.info(
             "%s is in use by %s; waiting (--wait)", out, owner)):
-        todo = _pending(runs, out, retry_failed, max_devices)
+        todo = pending(runs, out, retry_failed, max_devices)
         log.info("%s: %d runs, %d already in %s, %d to run", config, len(runs),
                  len(runs) - len(todo), out, len(todo))
         _run_all(todo, out, max_devices, timeout, error_stop, extra, device)
-        bad = _not_ok(runs, out)
+        bad = not_ok(runs, out)
     if bad:
         log.info("%d of %d runs not ok: %s", sum(bad.values()), len(runs),
                  ", ".join(f"{n} {status}" for status, n in sorted(bad.items())))
     return sum(bad.values())
-
-
-def _pending(runs: Sequence[RunSpec], out: Path, retry_failed: bool,
-             devices: int) -> List[RunSpec]:
-    if not out.exists():
-        return list(runs)
-    res = read_results(out)
-    for warning in res.warnings:
-        log.warning("warning: %s", warning)
-    return pending_runs(runs, res, retry_failed=retry_failed, devices=devices)
 
 
 def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: float,
@@ -191,27 +130,19 @@ def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: floa
             append_result(out, row, env)
             progress.finish("skipped")
             continue
-        before, start = _rows_for(out, spec), mark(out)
-        log = _log_path(out, spec)
+        before, start = rows_for(out, spec), mark(out)
+        run_log = log_path(out, spec)
         try:
             rc, timed_out = run_logged(single_node_command(spec, str(out), extra, TORCHRUN),
-                                       log, timeout)
+                                       run_log, timeout)
         except BaseException:
             rollback(out, start)  # nothing of the interrupted run stays: it is redone
             raise
-        if timed_out or (rc != 0 and signal_death(log)):
-            # a rank stopped by the timeout, or the peer of a rank killed by a signal, may
-            # have written a row blaming the wrong thing ("connection closed"): ours says why
-            rollback(out, start)
-        status = "ok"
-        if _rows_for(out, spec) == before:  # the driver wrote nothing: record why
-            status = "timeout" if timed_out else "fail"
-            append_result(out, ResultRow.from_spec(
-                spec, status, error=_failure_reason(rc, timed_out, timeout, log),
-                time=time.strftime("%Y-%m-%dT%H:%M:%S"), **env_columns(env)), env)
-        else:
-            last = [r for r in read_results(out, check_twin=False).rows if r.key == spec.key]
-            status = last[-1].status if last else status
+        # a rank stopped by the timeout, or the peer of a rank killed by a signal, may have
+        # written a row blaming the wrong thing ("connection closed"): ours says why
+        killed = timed_out or bool(rc != 0 and signal_death(run_log))
+        status = settle_row(out, spec, before, start, killed, timed_out,
+                            _failure_reason(rc, timed_out, timeout, run_log), env)
         progress.finish(status)
         if error_stop and status == "fail":
             log.info("stopping at the first failure (--error-stop)")
@@ -280,16 +211,11 @@ def _estimate(args: argparse.Namespace) -> None:
           f"{args.efficiency:g} (start-up included)")
 
 
-def _sigterm_as_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit status (see ``--help``'s epilog)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     configure_logging(args.log_level)
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
 
     def run() -> int:
         if args.estimate:
@@ -301,14 +227,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         wait=args.wait, repeat=args.repeat)
         return 1 if bad else 0
 
-    try:
-        return report_errors("end2end.sweep", run, args.debug)
-    except KeyboardInterrupt:
-        print(f"\ninterrupted: the current run was stopped and nothing of it kept; resume with: "
-              f"python -m end2end.sweep {shell_join(argv)}", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return run_interruptible("end2end.sweep", argv, run, args.debug)
 
 
 if __name__ == "__main__":

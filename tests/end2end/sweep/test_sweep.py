@@ -38,7 +38,8 @@ def test_multi_node_dry_run(capsys):
     assert multi_node_main(["--hosts", "a,b", "--only-n", "16", "--dry-run",
                             "--results", "/nonexistent/fig8.tsv"]) == 0
     out = capsys.readouterr().out
-    assert "ssh a " in out and "ssh b " in out and "--nnodes=2" in out
+    assert "ssh -tt -o BatchMode=yes a " in out and "ssh -tt -o BatchMode=yes b " in out
+    assert "&& exec " in out and "--nnodes=2" in out
     assert "--model llama-7b" in out and "--model gpt-10b" in out and "n=32" not in out
 
 
