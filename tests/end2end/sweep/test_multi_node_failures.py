@@ -18,6 +18,8 @@ import pytest
 from end2end.results.store import read_results
 from end2end.sweep.multi_node import main as multi_node_main
 
+from .processes import command_line, driver_ranks
+
 ROOT = Path(__file__).resolve().parents[3]
 LONG = "#@ steps=1000000 warmup=0\neager tiny/bert 2 16 0 4 0\n"  # runs until stopped
 SHORT = "#@ steps=1 warmup=0\nslapo tiny/bert 2 16 0 4 0\n"
@@ -50,8 +52,7 @@ def _wait_for_ranks(proc, ranks: int, seen: dict) -> list:
     while time.monotonic() < deadline:
         kids = psutil.Process(proc.pid).children(recursive=True)
         seen.update({k.pid: k for k in kids})
-        workers = [k for k in kids if "end2end.bench" in " ".join(k.cmdline())
-                   and "torch.distributed.run" not in " ".join(k.cmdline())]
+        workers = driver_ranks(kids)
         if len(workers) >= ranks:
             time.sleep(2)  # into set-up / training
             return psutil.Process(proc.pid).children(recursive=True)
@@ -104,7 +105,7 @@ def test_a_killed_node_gives_a_row_naming_it_and_the_next_run_completes(tmp_path
     proc, seen = _start(argv), {}
     try:
         kids = _wait_for_ranks(proc, 3, seen)
-        agent1 = min((k for k in kids if "--rdzv_conf=is_host=0," in " ".join(k.cmdline())),
+        agent1 = min((k for k in kids if "--rdzv_conf=is_host=0," in command_line(k)),
                      key=lambda k: k.pid)  # started second: node 1
         node1 = [agent1] + agent1.children(recursive=True)  # the whole machine "dies"
         for p in node1:

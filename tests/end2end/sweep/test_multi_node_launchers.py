@@ -19,6 +19,8 @@ import pytest
 from end2end.results.store import read_results
 from end2end.sweep.multi_node import main as multi_node_main
 
+from .processes import driver_ranks
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -81,9 +83,7 @@ def test_a_node_over_real_ssh_runs_and_is_stopped_by_sigterm(tmp_path):
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 90
-        while len([p for p in _procs_of(res) if "end2end.bench --mode" in
-                   " ".join(p.cmdline()) and "torch.distributed.run" not in
-                   " ".join(p.cmdline())]) < 2:
+        while len(driver_ranks(_procs_of(res))) < 2:
             assert time.monotonic() < deadline and proc.poll() is None, "ranks never started"
             time.sleep(0.5)
         mine = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}

@@ -21,6 +21,8 @@ from end2end.results.store import read_results
 from end2end.sweep.single_node import main as sweep_main
 from end2end.sweep.single_node import run_sweep
 
+from .processes import driver_ranks
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -35,8 +37,7 @@ def _start_sweep(cfg: Path, res: Path, ranks_wanted: int):
     pids = []
     while time.monotonic() < deadline:
         kids = psutil.Process(proc.pid).children(recursive=True)
-        workers = [k for k in kids if "end2end.bench" in " ".join(k.cmdline())
-                   and "torch.distributed.run" not in " ".join(k.cmdline())]
+        workers = driver_ranks(kids)
         if len(workers) >= ranks_wanted:
             pids = [k.pid for k in kids]
             break
