@@ -10,8 +10,8 @@
 # (PYTHON=... picks another interpreter), ~3 GB free disk for a CPU venv (~8 GB with the CUDA
 # build of torch), and pip's package index reachable (PyPI, or a mirror pip is configured for).
 #
-# torch build: SLAPO_TORCH=auto takes the CUDA build when `nvidia-smi -L` lists a GPU, else the
-# CPU build. The CPU build is asked for as `torch==<pin>+cpu`: first from the indexes pip is
+# torch build: SLAPO_TORCH=auto keeps the pinned torch already in the venv (either build), else
+# takes the CUDA build when `nvidia-smi -L` lists a GPU, else the CPU build. The CPU build is asked for as `torch==<pin>+cpu`: first from the indexes pip is
 # already configured with (on machines that keep the wheel locally, nothing is downloaded and no
 # other index is contacted), then from PyTorch's CPU index (SLAPO_TORCH_INDEX, default
 # https://download.pytorch.org/whl/cpu). The CUDA build is plain `torch==<pin>` from PyPI.
@@ -30,8 +30,13 @@ step() { echo "setup.sh: $*"; }
 
 # Which torch build (see above).
 TORCH_BUILD="${SLAPO_TORCH:-auto}"
+torch_pin="$(grep -E '^torch==' "$ROOT/requirements.txt" | head -1)"
+want_torch="${torch_pin#torch==}"
+installed="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)"
 case "$TORCH_BUILD" in
-  auto) if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU; then
+  auto) if [[ ${installed%%+*} == "$want_torch" ]]; then  # keep the pinned build already there
+          [[ $installed == *+cpu ]] && TORCH_BUILD=cpu || TORCH_BUILD=cuda
+        elif command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU; then
           TORCH_BUILD=cuda; else TORCH_BUILD=cpu; fi ;;
   cpu|cuda) ;;
   *) fail "SLAPO_TORCH=$TORCH_BUILD is not a torch build; use cpu, cuda or auto" ;;
@@ -61,9 +66,6 @@ if [[ ! -x "$VENV/bin/python" ]]; then
 fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check -q)
 
-torch_pin="$(grep -E '^torch==' "$ROOT/requirements.txt" | head -1)"
-want_torch="${torch_pin#torch==}"
-installed="$("$VENV/bin/python" -c 'import torch; print(torch.__version__)' 2>/dev/null || true)"
 if [[ $TORCH_BUILD == cpu && $installed == "$want_torch+cpu" ]] \
    || [[ $TORCH_BUILD == cuda && $installed == "$want_torch"* && $installed != *+cpu ]]; then
   step "torch $installed already installed"
