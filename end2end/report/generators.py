@@ -1,0 +1,138 @@
+"""The kinds of generated block, each a function of committed files only (no clock, no machine).
+
+=========================  ===============================================================
+``modes``                  the table of modes (:func:`end2end.spec.modes.modes_markdown`)
+``results FILE [--peers]`` the table of a results file: samples/s per system as median
+                           (min-max) over its rounds, and each Slapo/baseline ratio as the
+                           median of the per-round ratios with their range
+                           (:func:`end2end.results.summary.format_markdown`); ``--peers``: the
+                           PyTorch-peers systems only
+``provenance FILE``        one line saying where the numbers of ``FILE`` come from: the
+                           date and UTC time span of its rows, the machine (CPU model and
+                           cores) and commit(s) from its ``# env`` header and rows, the package
+                           versions, and the command that made it (``FILE`` with the suffix
+                           ``.cmd``: one line, committed beside it)
+=========================  ===============================================================
+
+``FILE`` is relative to the repository root. Add a kind with ``@generator("name")``.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Callable, Dict, List, Sequence
+
+from slapo.errors import SlapoError
+
+from end2end.results.store import ResultRow, read_results
+
+from .blocks import Block, ReportError
+
+__all__ = ["GENERATORS", "generator", "render"]
+
+GENERATORS: Dict[str, Callable[[Path, Sequence[str]], str]] = {}
+
+
+def generator(name: str):
+    """Register ``fn(root, args) -> markdown`` as the block kind ``name``."""
+
+    def deco(fn):
+        GENERATORS[name] = fn
+        return fn
+
+    return deco
+
+
+def render(root: Path, block: Block) -> str:
+    """The text of ``block`` as its kind makes it now.
+
+    Raises:
+        ReportError: an unknown kind, wrong arguments, or a source that is missing or unreadable
+            (with the block's ``file:line``).
+    """
+    if block.name not in GENERATORS:
+        raise ReportError(f"{block.where}: unknown report block kind {block.name!r}",
+                          hint=f"kinds: {', '.join(sorted(GENERATORS))}")
+    try:
+        return GENERATORS[block.name](root, block.args)
+    except SlapoError as exc:  # the results store's and summary's errors too
+        raise ReportError(f"{block.where}: {exc.what}", hint=exc.hint) from None
+
+
+def _results_path(root: Path, args: Sequence[str], kind: str) -> Path:
+    files = [a for a in args if not a.startswith("--")]
+    if len(files) != 1:
+        raise ReportError(f"'{kind}' needs exactly one results file, got {list(args)}",
+                          hint=f"e.g. <!-- report: {kind} docs/results/cpu.tsv -->")
+    path = root / files[0]
+    if not path.is_file():
+        raise ReportError(f"results file {files[0]} does not exist",
+                          hint="commit it under docs/results/, or fix the path")
+    return path
+
+
+def _rows(path: Path) -> List[ResultRow]:
+    res = read_results(path, strict=True)
+    if not res.rows:
+        raise ReportError(f"results file {path.name} has no rows", hint="re-run its command")
+    return res.rows
+
+
+@generator("modes")
+def _modes(root: Path, args: Sequence[str]) -> str:
+    from end2end.spec.modes import modes_markdown
+
+    if args:
+        raise ReportError(f"'modes' takes no arguments, got {list(args)}",
+                          hint="<!-- report: modes -->")
+    return modes_markdown()
+
+
+@generator("results")
+def _results(root: Path, args: Sequence[str]) -> str:
+    from end2end.results.summary import GROUPS, figure7_table, format_markdown, speedups
+    from end2end.spec.modes import PEER_GROUPS
+
+    unknown = [a for a in args if a.startswith("--") and a != "--peers"]
+    if unknown:
+        raise ReportError(f"unknown option(s) {unknown} of 'results'", hint="only --peers")
+    peers = "--peers" in args
+    rows = _rows(_results_path(root, args, "results"))
+    if peers:
+        rows = [r for r in rows if r.impl in PEER_GROUPS[0]]
+    table = figure7_table(rows)
+    rounds = sorted({r.repeat for r in rows})
+    return (format_markdown(table, speedups(table), PEER_GROUPS if peers else GROUPS)
+            + f"\n\nSamples/s of the whole job: median (min-max) over {len(rounds)} interleaved "
+            "round(s); a ratio is the median of the per-round ratios (min-max), `~` when its "
+            "rounds straddle 1.0 (within noise).")
+
+
+@generator("provenance")
+def _provenance(root: Path, args: Sequence[str]) -> str:
+    path = _results_path(root, args, "provenance")
+    res = read_results(path, strict=True)
+    command_file = path.with_suffix(".cmd")
+    if not command_file.is_file():
+        raise ReportError(f"{path.name} has no {command_file.name} beside it",
+                          hint=f"write the command that made it into {command_file.name}")
+    command = command_file.read_text().strip()
+    times = sorted(r.time for r in res.rows if r.time)
+    commits = sorted({r.git_commit for r in res.rows if r.git_commit} or
+                     {res.env.get("git_commit", "unknown")})
+    env = res.env
+    span = f"{times[0][:10]} {times[0][11:16]}-{times[-1][11:16]} UTC" if times else "undated"
+    cores = env.get("cpu_affinity") or env.get("cpu_count") or "?"
+    versions = ", ".join(f"{name} {env[key]}" for name, key in
+                         (("torch", "torch"), ("transformers", "transformers"),
+                          ("DeepSpeed", "deepspeed"), ("megatron-core", "megatron_core"))
+                         if env.get(key))
+    return (f"Measured {span} on {env.get('cpu_model', 'an unrecorded machine')} "
+            f"({cores} cores), commit {', '.join(commits)}; {versions}; {len(res.rows)} rows "
+            f"in [`{path.relative_to(root)}`]({_link(path, root)}), made by "
+            f"`{' '.join(shlex.split(command))}`.")
+
+
+def _link(path: Path, root: Path) -> str:
+    return "/" + str(path.relative_to(root))
