@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One-GPU check of the op library and the driver, in under 8 minutes on one NVIDIA GPU:
+# One-GPU check of the op library and the driver on one NVIDIA GPU (budgeted for < 8 minutes;
+# it has not run on a GPU yet, so that is a budget, not a measurement):
 #   1. attention kernels (flash / efficient / cudnn / math) vs eager attention, bf16, fwd+bwd:
 #      speed and error (scripts/gpu_attention_check.py -> attention.tsv);
 #   2. single-GPU training, eager HF vs Slapo, bf16: BERT-large and GPT-Neo-1.3B, a few steps
