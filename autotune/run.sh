@@ -6,6 +6,7 @@
 #   bash autotune/run.sh                 # MODEL=bert (spaces/bert.py); MODEL=gpt_neo also
 #   REPLAY=0 bash autotune/run.sh        # search and TPE measure their candidates themselves
 #   SEARCH_BUDGET=12 TPE_BUDGET=8 ...    # budgets (default: a third of the grid each)
+#   SEEDS=10                             # TPE seeds replayed on the grid at the end (autotune.seeds)
 #
 # Resumable: run it again after an interruption; finished candidates are not measured again.
 # With REPLAY=1 (default) the search and TPE are answered from the grid's measurements
@@ -52,4 +53,7 @@ fi
 "$PYTHON" -m slapo.autotune --space "$SPACE" --strategy tpe --budget "$TPE_BUDGET" \
     --db "$DB" "${REPLAY_CMD[@]}"
 "$PYTHON" -m autotune.plot "$DB" -o "$RESULTS_DIR/$NAME" --title "$MODEL (CPU): throughput"
+# every strategy over seeds on the grid's measurements (nothing measured again): the claim table
+"$PYTHON" -m autotune.seeds --db "$DB" --space "$SPACE" --seeds "${SEEDS:-10}" \
+    --budget "$TPE_BUDGET" --json "$RESULTS_DIR/$NAME-seeds.jsonl" | tee "$RESULTS_DIR/$NAME-seeds.md"
 echo "run.sh: done in $(( $(date +%s) - START )) s; load average: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -77,7 +77,7 @@ def test_run_sh_end_to_end_on_a_synthetic_space(tmp_path):
         f"command = [sys.executable, {str(root / 'tests/autotune/synthetic.py')!r}, "
         f"'--batch', '{{batch_size}}', '--ratio', '{{ckpt_ratio}}', '--log', {str(log)!r}]\n")
     env = dict(os.environ, PYTHON=sys.executable, SPACE=str(space), MODEL="small",
-               RESULTS_DIR=str(tmp_path))
+               RESULTS_DIR=str(tmp_path), SEEDS="2")
     proc = subprocess.run(["bash", str(root / "autotune/run.sh")], env=env, text=True,
                           capture_output=True, timeout=300, start_new_session=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -90,6 +90,8 @@ def test_run_sh_end_to_end_on_a_synthetic_space(tmp_path):
             assert all(r.extra.get("replayed_from") == "grid" for r in records)
     assert (tmp_path / "autotune-small.png").stat().st_size > 10_000
     assert "search: " in proc.stdout and "within 5% of the ground truth" in proc.stdout
+    seeds = (tmp_path / "autotune-small-seeds.md").read_text()  # the strategies over seeds
+    assert "| search | 1 |" in seeds and "| tpe | 2 |" in seeds
 
 
 def test_a_database_that_is_missing_or_not_one_is_one_line(tmp_path, capsys):
