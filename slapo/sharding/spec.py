@@ -63,10 +63,11 @@ class ShardSpec:
         return tuple(idx)
 
     def slice_of(self, full: torch.Tensor) -> torch.Tensor:
-        """This rank's chunk of ``full`` (a contiguous copy; works on meta tensors)."""
+        """This rank's chunk of ``full``: a contiguous copy of its own (a view of an axis-0 chunk
+        would keep the whole tensor's storage alive on every rank); works on meta tensors."""
         assert tuple(full.shape) == tuple(self.global_shape), (full.shape, self)
         if self.parts == 1:
-            return full[self.index()].contiguous()
+            return full[self.index()].clone(memory_format=torch.contiguous_format)
         blocks = full.chunk(self.parts, dim=self.axis)
         mine = [b.chunk(self.world_size, dim=self.axis)[self.rank] for b in blocks]
         return torch.cat(mine, dim=self.axis).contiguous()
