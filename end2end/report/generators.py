@@ -7,6 +7,8 @@
                            median of the per-round ratios with their range
                            (:func:`end2end.results.summary.format_markdown`); ``--peers``: the
                            PyTorch-peers systems only
+``best FILE``              per workload and rank count, the best Slapo bar against the best
+                           baseline bar (the paper's conclusion), each at its best setting
 ``provenance FILE``        one line saying where the numbers of ``FILE`` come from: the
                            date and UTC time span of its rows, the machine (CPU model and
                            cores) and commit(s) from its ``# env`` header and rows, the package
@@ -107,6 +109,34 @@ def _results(root: Path, args: Sequence[str]) -> str:
             + f"\n\nSamples/s of the whole job: median (min-max) over {len(rounds)} interleaved "
             "round(s); a ratio is the median of the per-round ratios (min-max), `~` when its "
             "rounds straddle 1.0 (within noise).")
+
+
+@generator("best")
+def _best(root: Path, args: Sequence[str]) -> str:
+    """Per workload and rank count, the best Slapo bar against the best baseline bar (the
+    paper's conclusion), beside the paired statistics of the ``results`` block."""
+    from end2end.results.summary import (BASELINES, figure7_table, is_slapo_system, label_of,
+                                         ratio_text, speedups)
+
+    rows = _rows(_results_path(root, args, "best"))
+    table = figure7_table(rows, best=True)
+    lines = ["| Model (seq), n | best Slapo | best baseline | best / best |",
+             "|---|---|---|---:|"]
+    for item in speedups(table):
+        if item.system != "best-slapo":
+            continue
+        cells = table[item.panel][item.n]
+        top = max((s for s in cells if is_slapo_system(s) and cells[s].thrpt),
+                  key=lambda s: cells[s].thrpt)
+        ref = max((s for s in cells if s in BASELINES and cells[s].thrpt),
+                  key=lambda s: cells[s].thrpt)
+        seq = f"{item.panel.seq}" + (f"/{item.panel.dec_seq}" if item.panel.dec_seq else "")
+        lines.append(f"| `{item.panel.model}` ({seq}), {item.n} | {label_of(top)} "
+                     f"{cells[top].thrpt:.3g} | {label_of(ref)} {cells[ref].thrpt:.3g} | "
+                     f"{ratio_text(item.ratio)} |")
+    return "\n".join(lines) + ("\n\nEach side at its best system and setting (batch, ckpt), as "
+                               "the paper's Figure 7 compares; samples/s are medians over the "
+                               "rounds, the ratio as in the table above.")
 
 
 @generator("provenance")

@@ -40,7 +40,7 @@ from end2end.cli import get_logger
 from end2end.results.store import ResultRow, read_results
 from end2end.results.summary import (COLOR, GROUPS, PEER_GROUPS, SYSTEMS, Cell, Panel,
                                      PlotError, Table, base_system, baselines_of,
-                                     figure7_table, figure_systems, format_markdown,
+                                     figure7_table, figure_systems, is_predicted, format_markdown,
                                      format_speedups, label_of, panel_systems, panel_title,
                                      speedups)
 
@@ -161,6 +161,8 @@ def plot_results(paths: Sequence[Union[str, Path]], out_prefix: Union[str, Path]
                         + (f" for the models {', '.join(models)}" if models else ""),
                         hint="run the sweep first (end2end/README.md), or check --models")
     table = figure7_table(rows, best=best)
+    if is_predicted(rows):  # simulated rows: every figure says so
+        title = f"{title} (predicted)".strip()
     on_cpu = devices and all(d.lower().startswith("cpu") for d in devices)
     fig = make_figure(table, x_label="# ranks" if on_cpu else "# GPUs", title=title,
                       groups=PEER_GROUPS if peers else GROUPS)

@@ -41,7 +41,7 @@ from end2end.results.locked_file import append_lock, append_line, read_locked
 __all__ = [
     "COLUMNS", "ARTIFACT_COLUMNS", "STATUSES", "ResultsError", "ResultRow", "Results",
     "append_result", "read_results", "pending_runs", "done_keys", "twin_path", "env_columns",
-    "COLUMN_TYPES",
+    "COLUMN_TYPES", "SIMULATED_STATUSES",
 ]
 
 ARTIFACT_COLUMNS = ("Impl Model Seq DecSeq nGPU Batch Ckpt PerGPUParam Thrpt PerGPUMem "
@@ -49,7 +49,9 @@ ARTIFACT_COLUMNS = ("Impl Model Seq DecSeq nGPU Batch Ckpt PerGPUParam Thrpt Per
 EXTRA_COLUMNS = ("Status MFU StepTime PeakTFLOPS GitCommit Torch Transformers DeepSpeed "
                  "MegatronCore Device World TP PP DP Dtype Steps Time Error Knobs Repeat").split()
 COLUMNS = tuple(ARTIFACT_COLUMNS + EXTRA_COLUMNS)
-STATUSES = ("ok", "oom", "fail", "timeout", "skipped")
+STATUSES = ("ok", "oom", "fail", "timeout", "skipped", "sim", "sim-oom")
+# rows predicted by ``python -m end2end.simulate`` (docs/simulate.md), never measured ones
+SIMULATED_STATUSES = ("sim", "sim-oom")
 NA = "na"
 MAGIC = "# slapo-results v1"
 MAX_ERROR = 500
@@ -115,10 +117,10 @@ class ResultRow:
     def validate(self) -> None:
         if self.status not in STATUSES:
             raise ResultsError(f"status {self.status!r} is not one of {STATUSES}")
-        if self.status == "ok" and (self.thrpt is None or not math.isfinite(self.thrpt)):
+        if self.status in ("ok", "sim") and (self.thrpt is None or not math.isfinite(self.thrpt)):
             raise ResultsError(f"row {self.key} has status ok but no throughput",
                                hint="use status fail with an error message")
-        if self.status != "ok" and not self.error:
+        if self.status not in ("ok", "sim") and not self.error:
             raise ResultsError(f"row {self.key} has status {self.status} but no error message")
 
 

@@ -26,13 +26,14 @@ import pandas as pd
 from slapo.errors import ConfigError
 
 from end2end.results.stats import Ratio, Samples, to_frame
-from end2end.results.store import ResultRow
+from end2end.results.store import SIMULATED_STATUSES, ResultRow
 from end2end.spec.modes import FIGURE7_GROUPS, MODE_TABLE, PEER_GROUPS
 
 __all__ = ["SYSTEMS", "GROUPS", "PEER_GROUPS", "PAIRS", "BASELINES", "LABEL", "COLOR",
            "PlotError", "Panel", "Cell", "Speedup", "system_of", "base_system", "label_of",
-           "baselines_of", "is_slapo_system", "figure7_table", "figure_systems",
-           "panel_systems", "panel_title", "speedups", "format_speedups", "format_markdown"]
+           "baselines_of", "is_slapo_system", "figure7_table", "is_predicted", "figure_systems",
+           "panel_systems", "panel_title", "speedups", "format_speedups", "format_markdown",
+           "ratio_text"]
 
 # Everything about a system comes from the table of modes (end2end/spec/modes.py):
 # (impl, legend label, colour) per mode, in the table's order.
@@ -90,6 +91,7 @@ def figure7_table(rows: Iterable[ResultRow], best: bool = False) -> Table:
     Rows of one (panel, n, impl) at different (batch, ckpt) settings raise :class:`PlotError`
     unless ``best``."""
     rows = list(rows)
+    _check_not_mixed(rows)
     frame = to_frame(rows).assign(System=[system_of(r) for r in rows])
     table: Table = {}
     for (model, seq, dec_seq, n, impl), bar in _setting_frame(frame).groupby(BAR, sort=False):
@@ -106,13 +108,34 @@ def figure7_table(rows: Iterable[ResultRow], best: bool = False) -> Table:
     return table
 
 
+def is_predicted(rows: Iterable[ResultRow]) -> bool:
+    """The rows are simulated (``python -m end2end.simulate``: status ``sim``/``sim-oom``, or a
+    ``fail`` row on a ``(simulated)`` device): their figures are predictions."""
+    rows = list(rows)
+    return bool(rows) and all(_simulated(r) for r in rows)
+
+
+def _simulated(row: ResultRow) -> bool:
+    return row.status in SIMULATED_STATUSES or row.device.endswith("(simulated)")
+
+
+def _check_not_mixed(rows: Sequence[ResultRow]) -> None:
+    """Simulated and measured rows never share a table (so never a bar or a speedup)."""
+    kinds = {_simulated(r) for r in rows}
+    if len(kinds) > 1:
+        raise PlotError("the rows mix simulated (predicted) and measured runs",
+                        hint="plot simulated rows (python -m end2end.simulate) and measured "
+                             "ones separately; a speedup never pairs a prediction with a "
+                             "measurement")
+
+
 def _setting_frame(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per (bar, setting), in the order the rows first show them: ``Rows``, the
     ``Failed`` repeats (not ok) and their ``Status`` (:func:`_failure`), the ``Thrpt`` median of
     the ok repeats (NaN: none) and their ``Samples`` — one value per repeat, the max where a
     repeat index appears twice (e.g. a run appended to two files)."""
     keys = BAR + SETTING
-    ok = frame.Status.eq("ok") & frame.Thrpt.notna()
+    ok = frame.Status.isin(("ok", "sim")) & frame.Thrpt.notna()  # sim: a predicted bar
     out = frame.assign(Failed=~ok).groupby(keys, sort=False).agg(
         Rows=("Status", "size"), Failed=("Failed", "sum"))
     out["Status"] = frame[~ok].groupby(keys, sort=False).Status.agg(
@@ -326,13 +349,13 @@ def _markdown_cells(table: Table, items: Sequence[Speedup], systems: List[str],
                for panel, per_n in table.items() for n, cells in per_n.items()
                for system, cell in cells.items()]
     records += [(place[s.panel], s.n, rows[s.panel, s.n], column[s.system, s.baseline],
-                 _ratio_text(s.ratio)) for s in items
+                 ratio_text(s.ratio)) for s in items
                 if (s.system, s.baseline) in column and (s.panel, s.n) in rows]
     texts = pd.DataFrame(records, columns=["PanelNo", "n", "Row", "Column", "Text"])
     return texts.drop_duplicates(["PanelNo", "n", "Column"], keep="last")
 
 
-def _ratio_text(ratio: Ratio) -> str:
+def ratio_text(ratio: Ratio) -> str:
     """``1.45x (1.17-1.50) ~``: the range with repeats, ``~`` when within noise."""
     text = f"{ratio.value:.2f}x"
     if ratio.repeats > 1:

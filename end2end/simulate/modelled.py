@@ -1,0 +1,145 @@
+"""Runtimes that cannot run on fake tensors, modelled from their configuration.
+
+DeepSpeed's engine (ZeRO-3, and its ``PipelineEngine``) partitions parameters through its own
+hooks and CUDA/host buffers that fake tensors cannot take. For the ``deepspeed`` and
+``slapo-deepspeed`` modes the simulator therefore runs everything up to the engine exactly as
+the driver does (zoo model, schedule, knobs, ``scheduled_model``), runs that model's training
+step on plain PyTorch on fake tensors (the model cast to the run's dtype, as DeepSpeed's fp16/bf16
+engine holds it), and replaces what ZeRO-3 changes by its model (:func:`zero3_memory`,
+:func:`zero3_collectives`):
+
+* states per rank: ``(2 + 2 + K) x P / DP`` bytes for P parameters in fp16/bf16 (the low-precision
+  parameters and gradients, and K = 12: fp32 master weights, Adam's two moments), ``16 x P / DP``
+  in fp32 (parameters, gradients, two moments);
+* working set: the gathered parameters of the layer running and the one prefetched
+  (``stage3_prefetch_bucket_size``, default 5e7 elements; at least the largest module), and one
+  gradient reduce bucket (``reduce_bucket_size``, default 5e8 elements) in the gradient dtype;
+* collectives per step, over the DP group: an all-gather of every parameter in the forward, again
+  in the backward (again for the recomputation when checkpointing), a reduce-scatter of every
+  gradient; DeepSpeed prefetches and overlaps them with compute.
+
+Pipelines (``--pp`` > 1) of ``slapo-deepspeed`` run as DeepSpeed pipelines; the simulator builds
+the same schedule with the same stage cuts and runs the rank's stage on slapo's torch pipeline
+(:mod:`slapo.dialects.torch_pipeline`) instead, on fake tensors: its stage's parameters,
+activations for the same micro-batches and its point-to-point transfers are the ones recorded.
+The rows say ``modelled: ...`` in their JSON ``extra`` and the docs (docs/simulate.md) list this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Iterator, List
+
+
+from end2end.simulate.recorder import CollectiveRecord
+
+__all__ = ["Modelled", "modelled_builders", "zero3_memory", "zero3_collectives",
+           "PREFETCH_ELEMENTS", "REDUCE_BUCKET_ELEMENTS"]
+
+PREFETCH_ELEMENTS = int(5e7)  # DeepSpeed stage3_prefetch_bucket_size default
+REDUCE_BUCKET_ELEMENTS = int(5e8)  # DeepSpeed reduce_bucket_size default
+
+
+def zero3_memory(params: int, dp: int, low_precision: bool, largest_module: int) -> dict:
+    """Bytes per rank of ZeRO-3's states and working set for ``params`` parameters on ``dp``
+    ranks (see the module docstring)."""
+    half = 2 if low_precision else 4
+    master = 12 if low_precision else 8  # fp32 master + 2 moments; fp32: 2 moments only
+    gathered = 2 * max(PREFETCH_ELEMENTS, largest_module) * half
+    return dict(param=params * (half + (4 if low_precision else 0)) // dp,
+                grad=params * half // dp,
+                optstate=params * (master - (4 if low_precision else 0)) // dp,
+                working=gathered + min(REDUCE_BUCKET_ELEMENTS, params) * half)
+
+
+def zero3_collectives(params: int, dp_ranks: tuple, low_precision: bool, recompute: bool
+                      ) -> List[CollectiveRecord]:
+    """ZeRO-3's collectives of one step on this rank, over the DP group ``dp_ranks``."""
+    if len(dp_ranks) < 2:
+        return []
+    size = params * (2 if low_precision else 4)
+    gathers = [("forward", "allgather")] + [("backward", "allgather")] * (2 if recompute else 1)
+    return [CollectiveRecord(kind, size, len(dp_ranks), dp_ranks, phase)
+            for phase, kind in gathers + [("backward", "reducescatter")]]
+
+
+@dataclasses.dataclass
+class Modelled:
+    """What a modelled runtime changes in a rank's result (:meth:`finish`); ``text`` is empty
+    when the real runtime ran."""
+
+    spec: Any
+    layout: dict
+    text: str = ""
+
+    def finish(self, result, runner) -> None:
+        result.modelled = self.text
+        if self.spec.framework != "deepspeed" or self.layout["pp"] > 1:
+            return
+        import torch.distributed as dist
+
+        low = (self.spec.dtype or "fp32") != "fp32"
+        params = result.parameters
+        largest = max((sum(p.numel() for p in m.parameters(recurse=False))
+                       for m in runner.model.modules()), default=0)
+        zero = zero3_memory(params, self.layout["dp"], low, largest)
+        mem = result.memory
+        activation = mem["activation"]
+        mem.update({k: zero[k] for k in ("param", "grad", "optstate")},
+                   working=zero["working"],
+                   peak=activation + sum(zero.values()) + mem.get("buffer", 0))
+        ranks = tuple(range(dist.get_world_size()))
+        recompute = self.spec.ckpt not in ("0", "0.0")
+        result.collectives.extend(zero3_collectives(params, ranks, low, recompute))
+
+
+def _zero3_builder(request):
+    """DeepSpeed's mode on fake tensors: the same scheduled model, trained one step on plain
+    PyTorch in the run's dtype (ZeRO-3 itself is added by :meth:`Modelled.finish`)."""
+    import slapo
+
+    from end2end.driver.builders import _torch_step
+    from end2end.driver.runtimes import Runner, scheduled_model
+
+    built, _ = slapo.build(scheduled_model(request), target="torch")
+    if request.low_precision:
+        built = built.to(request.dtype)
+    opt = request.optimizer([p for p in built.parameters() if p.requires_grad])
+    return Runner(request.mode.name, built, opt, _torch_step(built, opt))
+
+
+def _torch_pipeline(request, sch):
+    """A DeepSpeed pipeline's stage on slapo's torch pipeline (same schedule and cuts)."""
+    import slapo
+
+    from end2end.driver.runtimes import Runner
+
+    model, opt = slapo.build(sch, target="torch", optimizer=request.optimizer,
+                             n_microbatches=request.num_microbatches)
+    return Runner(request.mode.name, model, opt, model.train_step)
+
+
+@contextlib.contextmanager
+def modelled_builders(spec, layout: dict) -> Iterator[Modelled]:
+    """Within: the builders of runtimes that cannot run on fake tensors are replaced by their
+    models (see the module docstring); yields the :class:`Modelled` to finish the result."""
+    from end2end.driver import builders, runtimes
+
+    state = Modelled(spec, layout)
+    saved = dict(runtimes.BUILDERS), builders.pipeline_runner
+    if spec.framework == "deepspeed":
+        if layout["pp"] > 1:
+            builders.pipeline_runner = _torch_pipeline
+            state.text = ("DeepSpeed pipeline simulated as slapo's torch pipeline (GPipe) of "
+                          "the same stages")
+        else:
+            runtimes.BUILDERS[spec.mode] = _zero3_builder
+            state.text = ("ZeRO-3 modelled: states / DP, prefetched all-gathers, "
+                          "reduce-scatter (end2end.simulate.modelled)")
+    try:
+        yield state
+    finally:
+        runtimes.BUILDERS.clear()
+        runtimes.BUILDERS.update(saved[0])
+        builders.pipeline_runner = saved[1]

@@ -1,0 +1,157 @@
+"""What one simulated training step does on its rank: every kernel's FLOPs and bytes, every
+collective, and the peak memory.
+
+:class:`StepRecorder` is a :class:`~torch.utils._python_dispatch.TorchDispatchMode` above fake
+tensors. Per ATen op it records the FLOPs (PyTorch's own table,
+:data:`torch.utils.flop_counter.flop_registry`), the bytes the kernel reads and writes (its
+tensor inputs and outputs; views move nothing), the dtype and the phase (``forward``,
+``backward`` or ``optimizer``); per collective (the ops of
+:mod:`torch.distributed._tools.fake_collectives`) its kind, bytes, group size, the global ranks
+of its group and the phase. A scalar read back from a fake tensor (``loss.item()``, Adam's step
+count) reads as 1.0: the values are meaningless, the shapes are not.
+
+Memory: the recorder keeps the bytes of every storage an op creates while it lives (a weak
+reference per storage, freed when Python frees it) and their peak over the step; the caller adds
+what was resident before (parameters, buffers). ``MemTracker`` of ``torch.distributed._tools``
+does the same with categories, but scans all live tensors on every op (quadratic: a minute per
+step of a 2.7B model), so it is not used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any, Dict, List, Tuple
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["OpRecord", "CollectiveRecord", "StepRecorder"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OpRecord:
+    """One kernel: FLOPs, bytes read + written, dtype name, phase."""
+
+    flops: int
+    bytes: int
+    dtype: str
+    phase: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CollectiveRecord:
+    """One collective: kind (``allreduce``, ``allgather``, ...), bytes of this rank's tensor,
+    the group's size and global ranks, phase."""
+
+    kind: str
+    bytes: int
+    group_size: int
+    ranks: Tuple[int, ...]
+    phase: str
+
+
+_SCALAR = torch.ops.aten._local_scalar_dense.default
+
+
+def _tensors(tree: Any) -> List[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _nbytes(tensors: List[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _kind(func) -> str:
+    name = func._overloadpacket.__name__.strip("_")
+    for word, kind in (("alltoall", "alltoall"), ("all_to_all", "alltoall"),
+                       ("reduce_scatter", "reducescatter"), ("allgather", "allgather"),
+                       ("all_gather", "allgather"), ("allreduce", "allreduce"),
+                       ("all_reduce", "allreduce"), ("broadcast", "broadcast"),
+                       ("send", "p2p"), ("recv", "p2p"), ("barrier", "barrier")):
+        if word in name:
+            return kind
+    return name
+
+
+class StepRecorder(TorchDispatchMode):
+    """Records ops and collectives (see the module docstring); ``phase`` is set by the caller
+    for the optimizer step, and read from autograd for the backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.distributed._tools.fake_collectives import collective_ops, sync_ops
+        from torch.utils.flop_counter import flop_registry
+
+        self.ops: List[OpRecord] = []
+        self.collectives: List[CollectiveRecord] = []
+        self.phase = "forward"
+        self._flops = flop_registry
+        self._collective_ops = collective_ops - sync_ops
+        self.live = 0  # bytes of storages created in the step and still alive
+        self.peak = 0
+        self._seen: Dict[int, int] = {}
+
+    def current_phase(self) -> str:
+        if self.phase == "optimizer":
+            return self.phase
+        return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _SCALAR:
+            return 1.0
+        out = func(*args, **kwargs)
+        self._allocate(_tensors(out))
+        if func in self._collective_ops:
+            self._collective(func, out, args, kwargs)
+        elif not func.is_view:
+            self._op(func, out, args, kwargs)
+        return out
+
+    def _allocate(self, outputs: List[torch.Tensor]) -> None:
+        for t in outputs:
+            storage = t.untyped_storage()
+            key = storage._cdata
+            if key in self._seen:
+                continue
+            size = storage.nbytes()
+            self._seen[key] = size
+            self.live += size
+            weakref.finalize(storage, self._free, key)
+        self.peak = max(self.peak, self.live)
+
+    def _free(self, key: int) -> None:
+        self.live -= self._seen.pop(key, 0)
+
+    def _op(self, func, out, args, kwargs) -> None:
+        count = self._flops.get(func._overloadpacket)
+        flops = int(count(*args, **kwargs, out_val=out)) if count else 0
+        inputs, outputs = _tensors((args, kwargs)), _tensors(out)
+        moved = _nbytes(inputs) + _nbytes(outputs)
+        if flops or moved:
+            dtype = str((outputs or inputs)[0].dtype).replace("torch.", "") \
+                if (outputs or inputs) else "float32"
+            self.ops.append(OpRecord(flops, moved, dtype, self.current_phase()))
+
+    def _collective(self, func, out, args, kwargs) -> None:
+        import torch.distributed as dist
+        from torch.distributed._tools.fake_collectives import CollectiveOp
+
+        group = CollectiveOp.get_process_group(func, args)
+        size = CollectiveOp.get_comm_tensor_size(func, out, args, kwargs)
+        ranks = tuple(dist.get_process_group_ranks(group))
+        self.collectives.append(CollectiveRecord(_kind(func), int(size), len(ranks), ranks,
+                                                 self.current_phase()))
+
+    def totals(self) -> Dict[str, float]:
+        """FLOPs and bytes per phase, collectives' bytes per kind (for the row's JSON)."""
+        out: Dict[str, float] = {}
+        for op in self.ops:
+            out[f"flops_{op.phase}"] = out.get(f"flops_{op.phase}", 0) + op.flops
+            out[f"bytes_{op.phase}"] = out.get(f"bytes_{op.phase}", 0) + op.bytes
+        for c in self.collectives:
+            out[f"comm_{c.kind}_bytes"] = out.get(f"comm_{c.kind}_bytes", 0) + c.bytes
+            out[f"comm_{c.kind}_calls"] = out.get(f"comm_{c.kind}_calls", 0) + 1
+        return out

@@ -1,0 +1,128 @@
+"""One run simulated: its layout checked as the driver checks it, every distinct role stepped on
+fake tensors, the time model applied, and the row it gets.
+
+A run's roles: tensor-parallel ranks of a stage do the same work and data-parallel replicas the
+same, so one rank per pipeline stage is simulated (global rank ``s x TP x DP`` of stage ``s``:
+the world is laid out TP x DP x PP, :mod:`end2end.driver.runtimes`). Each run is simulated in a
+process of its own (``python -m end2end.simulate.worker``): runtimes keep global state
+(megatron-core's parallel state), and a fresh process returns its memory.
+
+Outcomes: ``sim`` (predicted to fit), ``sim-oom`` (predicted peak per rank, plus the profile's
+allocator overhead, above the device's memory), ``fail`` with the error a real run raises (an
+invalid layout, an indivisible head count, a mode refusing ``--pp``: the same exception, since
+the same code runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Dict, List
+
+__all__ = ["simulate_run", "simulate_in_process", "spec_to_json", "spec_from_json", "roles"]
+
+
+def spec_to_json(spec) -> str:
+    """A RunSpec as JSON (for the worker process)."""
+    return json.dumps(dataclasses.asdict(spec))
+
+
+def spec_from_json(text: str):
+    """The RunSpec of :func:`spec_to_json`."""
+    from end2end.spec.runspec import RunSpec
+
+    return RunSpec(**json.loads(text))
+
+
+def roles(layout: Dict[str, int]) -> List[int]:
+    """The global ranks simulated: the first rank of each pipeline stage."""
+    return [s * layout["tp"] * layout["dp"] for s in range(layout["pp"])]
+
+
+def simulate_in_process(spec, profile) -> Dict[str, Any]:
+    """Simulate ``spec`` in this process: the row's fields (``status``, metrics, ``error``,
+    ``extra``). A failure is a ``fail`` row (or ``oom``: an OOM raised while building)."""
+    from end2end.driver.bench import _layout
+    from end2end.driver.measure import is_oom
+    from end2end.simulate.step import simulate_rank
+
+    began = time.perf_counter()
+    try:
+        layout = _layout(spec)
+        results = [simulate_rank(spec, layout, r) for r in roles(layout)]
+    except Exception as exc:  # noqa: BLE001  (every failure becomes a row, as in the driver)
+        return dict(status="oom" if is_oom(exc) else "fail",
+                    error=f"rank 0: {type(exc).__name__}: {exc}",
+                    extra=dict(traceback=traceback.format_exc(), simulated=True))
+    values = _values(spec, layout, results, profile)
+    values["extra"]["simulate_seconds"] = round(time.perf_counter() - began, 2)
+    return values
+
+
+def _values(spec, layout, results, profile) -> Dict[str, Any]:
+    """The row's fields from the simulated ranks and the time model."""
+    from end2end.models.flops import mfu, tflops_per_rank, train_flops_per_sample
+    from end2end.simulate.timing import overlapped_kinds, rank_seconds, step_seconds
+
+    info = spec.mode_info
+    kinds = overlapped_kinds(info.framework, info.slapo)
+    per_rank = [rank_seconds(r.ops, r.collectives, profile, kinds) for r in results]
+    step = step_seconds([t["total"] for t in per_rank], layout["pp"], layout["microbatches"])
+    peak = max(r.memory["peak"] for r in results)
+    need = peak * (1 + profile.allocator_overhead) + profile.reserved_bytes
+    thrpt = spec.batch_size / step
+    flops = train_flops_per_sample(spec.model, spec.seq_len, spec.dec_seq_len)
+    dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(spec.dtype or "fp32", "float32")
+    rate = profile.rate(dtype)
+    status = "sim" if need <= profile.memory_bytes else "sim-oom"
+    error = "" if status == "sim" else (
+        f"predicted {need / 1e9:.1f} GB per rank (peak {peak / 1e9:.1f} GB + "
+        f"{profile.allocator_overhead:.0%} allocator overhead + "
+        f"{profile.reserved_bytes / 1e9:.1f} GB reserved) > {profile.memory_bytes / 1e9:.0f} GB")
+    extra = dict(simulated=True, profile=profile.name, modelled=results[0].modelled,
+                 layout=layout, roles=[r.rank for r in results],
+                 memory=[r.memory for r in results], timing=per_rank,
+                 totals=[r.totals for r in results], needed_bytes=need,
+                 collectives=[_collective_summary(r.collectives, kinds) for r in results],
+                 train_flops_per_sample=flops)
+    return dict(status=status, error=error, thrpt=thrpt, step_time=step,
+                per_gpu_mem=peak / 1e9, per_gpu_param=max(r.parameters for r in results) / 1e6,
+                per_gpu_tflops=tflops_per_rank(thrpt, flops, spec.n),
+                mfu=mfu(thrpt, flops, spec.n, rate), peak_tflops=rate / 1e12, extra=extra)
+
+
+def _collective_summary(collectives, overlapped) -> List[Dict[str, Any]]:
+    """Collectives grouped by (kind, group size, phase): calls, bytes, overlapped or not."""
+    groups: Dict[tuple, Dict[str, Any]] = {}
+    for c in collectives:
+        key = (c.kind, c.group_size, c.phase)
+        g = groups.setdefault(key, dict(kind=c.kind, group_size=c.group_size, phase=c.phase,
+                                        calls=0, bytes=0, overlapped=c.kind in overlapped))
+        g["calls"] += 1
+        g["bytes"] += c.bytes
+    return list(groups.values())
+
+
+def simulate_run(spec, profile_name: str, calibration: str = "", timeout: float = 900
+                 ) -> Dict[str, Any]:
+    """Simulate ``spec`` in a worker process (see the module docstring); the row's fields."""
+    cmd = [sys.executable, "-m", "end2end.simulate.worker", profile_name, calibration]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               CUDA_VISIBLE_DEVICES="")
+    try:
+        proc = subprocess.run(cmd, input=spec_to_json(spec), capture_output=True, text=True,
+                              timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return dict(status="timeout", error=f"simulation took over {timeout:.0f} s",
+                    extra=dict(simulated=True))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        return dict(status="fail", error=f"simulator crashed (exit {proc.returncode}): "
+                    + " | ".join(tail), extra=dict(simulated=True, stderr=proc.stderr[-4000:]))
+    return json.loads(lines[-1])

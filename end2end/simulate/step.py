@@ -1,0 +1,109 @@
+"""One rank's training step at its real size, through the driver's own code, on fake tensors.
+
+:func:`simulate_rank` takes a validated :class:`~end2end.spec.runspec.RunSpec` and its layout
+(:func:`end2end.driver.bench._layout`, which raises the same ``ConfigError`` as a real run),
+enters :func:`~end2end.simulate.fake_world.fake_world` as one global rank, and builds the run
+exactly as the driver does (``end2end.driver.bench._make_runner``: zoo model, schedule and
+knobs, ``make_runner`` and the mode's builder), except for the runtimes that cannot run on fake
+tensors, whose builders :mod:`end2end.simulate.modelled` replaces for the duration. Then one
+training step (forward, backward, optimizer step: ``runner.train_step``) runs under
+:class:`~end2end.simulate.recorder.StepRecorder` which also follows the memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List
+
+import torch
+
+from end2end.simulate.recorder import CollectiveRecord, OpRecord, StepRecorder
+
+__all__ = ["RankResult", "simulate_rank"]
+
+_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclasses.dataclass
+class RankResult:
+    """What one simulated rank did: its ops and collectives, its memory by category (bytes:
+    ``param``, ``grad``, ``optstate``, ``activation``, ``peak``), its parameters (elements) and
+    what the modelled runtime (if any) added (``modelled``: a short text, "" when the real
+    runtime ran)."""
+
+    rank: int
+    ops: List[OpRecord]
+    collectives: List[CollectiveRecord]
+    memory: Dict[str, int]
+    parameters: int
+    modelled: str = ""
+    totals: Dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages of ``tensors`` (tied weights count once)."""
+    seen = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            seen[st._cdata] = st.nbytes()
+    return sum(seen.values())
+
+
+def _resident(runner) -> Dict[str, int]:
+    """Bytes held by the model and optimizer outside the step's ops."""
+    model, opt = runner.model, runner.optimizer
+    params = list(model.parameters()) if hasattr(model, "parameters") else []
+    buffers = list(model.buffers()) if hasattr(model, "buffers") else []
+    states = [v for s in getattr(opt, "state", {}).values() for v in s.values()]
+    return dict(param=_storage_bytes(params), buffer=_storage_bytes(buffers),
+                grad=_storage_bytes(p.grad for p in params if p.grad is not None),
+                optstate=_storage_bytes(states))
+
+
+def simulate_rank(spec, layout: Dict[str, int], rank: int) -> RankResult:
+    """Build and step global rank ``rank`` of ``spec`` on a fake world of ``spec.n`` ranks."""
+    from end2end.driver.bench import _batch, _make_runner
+    from end2end.driver.measure import local_parameters
+    from end2end.simulate.fake_world import fake_world
+    from end2end.simulate.modelled import modelled_builders
+
+    from slapo.runtime.distributed import init_distributed
+
+    dtype = _DTYPES[spec.dtype or "fp32"]
+    with fake_world(rank, spec.n), modelled_builders(spec, layout) as modelled:
+        env = init_distributed()
+        runner = _make_runner(spec, layout, dtype, env.device)
+        batch = _batch(spec, layout, env, dtype)
+        before = _resident(runner)
+        recorder = StepRecorder()
+        hooks = _optimizer_phase(recorder)
+        try:
+            with recorder:
+                runner.train_step(batch)
+        finally:
+            for h in hooks:
+                h.remove()
+        params = local_parameters(runner.model)
+        after = _resident(runner)
+        base = before["param"] + before["buffer"] + before["grad"] + before["optstate"]
+        memory = dict(after, peak=base + recorder.peak,
+                      activation=max(0, base + recorder.peak - sum(after.values())))
+        result = RankResult(rank, recorder.ops, recorder.collectives, memory, params,
+                            totals=recorder.totals())
+        modelled.finish(result, runner)
+        return result
+
+
+def _optimizer_phase(recorder: StepRecorder) -> List[Any]:
+    """Global optimizer hooks: ops between an optimizer's pre and post step are ``optimizer``."""
+    from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                       register_optimizer_step_pre_hook)
+
+    def pre(*_):
+        recorder.phase = "optimizer"
+
+    def post(*_):
+        recorder.phase = "forward"
+
+    return [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]

@@ -1,0 +1,98 @@
+"""The time model: a simulated rank's recorded work on a :class:`DeviceProfile`.
+
+* Each kernel: ``max(FLOPs / (peak(dtype) x gemm_efficiency), bytes / (HBM x
+  memory_efficiency)) + kernel_overhead`` (a roofline per op; views cost nothing).
+* Each collective: ring alpha-beta over the link it crosses: ``steps x alpha + factor x bytes /
+  (bandwidth x link_efficiency)``, factor ``2 (g-1)/g`` for an all-reduce, ``(g-1)/g`` for an
+  all-gather / reduce-scatter / all-to-all (of the whole tensor), 1 for a point-to-point send
+  or a broadcast. A group inside one node uses NVLink (per GPU); a group spanning nodes uses the
+  node's network, shared by the node's GPUs (all of them communicate at once in DP/ZeRO).
+* Overlap, as each runtime does it (:data:`OVERLAPPED`): DDP's gradient all-reduce runs during
+  the backward, ZeRO-3's and FSDP2's all-gathers and reduce-scatters during the forward/backward
+  they prefetch for; tensor-parallel collectives are on the critical path. An overlapped
+  collective costs only what exceeds its phase's compute.
+* Pipelines: the slowest stage's step plus the bubble, ``(P - 1)`` of its micro-batch times.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, Set, Tuple
+
+from end2end.simulate.profiles import DeviceProfile
+from end2end.simulate.recorder import CollectiveRecord, OpRecord
+
+__all__ = ["OVERLAPPED", "overlapped_kinds", "compute_seconds", "collective_seconds",
+           "rank_seconds", "step_seconds"]
+
+# (framework, slapo?) -> collective kinds the runtime overlaps with compute
+OVERLAPPED: Dict[Tuple[str, bool], Set[str]] = {
+    ("torch", False): {"allreduce"},  # DDP buckets during the backward
+    ("deepspeed", False): {"allgather", "reducescatter"},
+    ("deepspeed", True): {"allgather", "reducescatter"},
+    ("fsdp", False): {"allgather", "reducescatter"},
+    ("fsdp", True): {"allgather", "reducescatter"},
+}
+
+
+def overlapped_kinds(framework: str, slapo: bool) -> Set[str]:
+    """Collective kinds the runtime of a mode overlaps with compute (``OVERLAPPED``)."""
+    return OVERLAPPED.get((framework, slapo), set())
+
+
+def compute_seconds(ops: Iterable[OpRecord], profile: DeviceProfile) -> Dict[str, float]:
+    """Roofline seconds per phase."""
+    out: Dict[str, float] = {}
+    bw = profile.memory_bandwidth * profile.memory_efficiency
+    for op in ops:
+        rate = profile.rate(op.dtype) * profile.gemm_efficiency
+        t = max(op.flops / rate, op.bytes / bw) + profile.kernel_overhead_s
+        out[op.phase] = out.get(op.phase, 0.0) + t
+    return out
+
+
+def _crosses_nodes(ranks: Tuple[int, ...], per_node: int) -> bool:
+    return len({r // per_node for r in ranks}) > 1
+
+
+def collective_seconds(c: CollectiveRecord, profile: DeviceProfile) -> float:
+    """Alpha-beta seconds of one collective (see the module docstring)."""
+    g = max(c.group_size, 1)
+    if g == 1 or c.kind == "barrier":
+        return 0.0
+    inter = _crosses_nodes(c.ranks, profile.gpus_per_node)
+    bw = (profile.inter_node_bandwidth / profile.gpus_per_node if inter
+          else profile.intra_node_bandwidth) * profile.link_efficiency
+    alpha = profile.inter_alpha_s if inter else profile.alpha_s
+    factor = {"allreduce": 2 * (g - 1) / g, "p2p": 1.0, "broadcast": 1.0}.get(c.kind,
+                                                                            (g - 1) / g)
+    steps = 2 * (g - 1) if c.kind == "allreduce" else (1 if c.kind == "p2p" else g - 1)
+    return steps * alpha + factor * c.bytes / bw
+
+
+def rank_seconds(ops, collectives, profile: DeviceProfile, overlapped: Set[str]
+                 ) -> Dict[str, float]:
+    """One rank's step: compute per phase, exposed and hidden communication, total."""
+    compute = compute_seconds(ops, profile)
+    exposed, hidden = 0.0, 0.0
+    per_phase: Dict[str, float] = {}
+    for c in collectives:
+        t = collective_seconds(c, profile)
+        if c.kind in overlapped:
+            per_phase[c.phase] = per_phase.get(c.phase, 0.0) + t
+        else:
+            exposed += t
+    for phase, t in per_phase.items():
+        over = max(0.0, t - compute.get(phase, 0.0))
+        exposed += over
+        hidden += t - over
+    total = sum(compute.values()) + exposed
+    return dict(compute=sum(compute.values()), comm_exposed=exposed, comm_hidden=hidden,
+                total=total, **{f"compute_{k}": v for k, v in compute.items()})
+
+
+def step_seconds(rank_totals: Iterable[float], pp: int, microbatches: int) -> float:
+    """The step: the slowest simulated rank, plus the pipeline bubble when ``pp`` > 1."""
+    slowest = max(rank_totals)
+    if pp > 1:
+        slowest += (pp - 1) * slowest / max(microbatches, 1)
+    return slowest
