@@ -12,4 +12,4 @@ __all__ = ["apply_schedule", "list_model_schedules", "register_model_schedule", 
 
 # The recipes (explicit registration: one import per module; gpt2 also registers gpt_neo, bert
 # also registers roberta).
-from . import albert, bert, gpt2, llama, opt, t5, wideresnet  # noqa: F401
+from . import albert, auto, bert, gpt2, llama, opt, t5, wideresnet  # noqa: F401

@@ -13,7 +13,8 @@ from typing import Any, Dict
 import torch
 from torch import nn
 
-__all__ = ["FAMILIES", "tiny_config", "tiny_model", "example_inputs", "MLP", "seeded"]
+__all__ = ["FAMILIES", "tiny_config", "tiny_model", "example_inputs", "MLP", "seeded",
+           "PLAN_FAMILIES", "tiny_plan_config", "tiny_plan_model"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -134,3 +135,84 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.drop(self.act(self.fc1(x))))
+
+
+# --- tiny models of every family that declares a tensor-parallel plan ---------------------------
+
+# Generic shrink, by config attribute name: applied to every attribute the family's default config
+# has. Sizes divide by 2 and 4 (TP tests); 4 query heads over 2 kv heads keep GQA in play.
+_TINY_PLAN_SIZES: Dict[str, Any] = {
+    "vocab_size": 128, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+    "max_position_embeddings": 64, "original_max_position_embeddings": 64,
+    "max_window_layers": 2, "sliding_window": 4, "query_pre_attn_scalar": 16,
+    "n_positions": 64, "n_ctx": 64, "rotary_dim": 8,
+    # MoE
+    "num_local_experts": 4, "num_experts": 4, "n_routed_experts": 4, "moe_num_experts": 4,
+    "num_experts_per_tok": 2, "moe_k": 2, "moe_topk": 2, "n_shared_experts": 1,
+    "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+    # multi-head latent attention (deepseek)
+    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
+    "v_head_dim": 16,
+}
+# Zero every dropout the config has: the scheduled and the reference model must agree exactly.
+_DROPOUT_NAMES = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop",
+                  "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob",
+                  "dropout", "embedding_dropout", "mlp_dropout", "residual_dropout",
+                  "classifier_dropout", "resid_dropout", "embed_dropout", "router_jitter_noise")
+_TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")
+
+# The families named by issue #27 (plus the earlier llama-likes); any other family with a plan
+# builds through the same generic shrink.
+PLAN_FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma3_text", "phi3", "olmo2",
+                 "mixtral", "qwen3_moe", "deepseek_v3")
+
+
+def _family_fixes(model_type: str, defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """Per-family corrections to the generic shrink (only where the generic one breaks)."""
+    fixes: Dict[str, Any] = {}
+    if "layer_types" in defaults:
+        fixes["layer_types"] = None  # re-derived from the new layer count
+    if "rope_scaling" in defaults and defaults.get("rope_scaling"):
+        fixes["rope_scaling"] = None
+    if "qk_rope_head_dim" in defaults:  # MLA (DeepSeek): RoPE over head_dim, kv heads = heads
+        fixes["head_dim"] = _TINY_PLAN_SIZES["qk_rope_head_dim"]
+        fixes["num_key_value_heads"] = _TINY_PLAN_SIZES["num_attention_heads"]
+    return fixes
+
+
+def tiny_plan_config(model_type: str, **overrides: Any):
+    """A tiny config of any ``transformers.CONFIG_MAPPING`` family (``model_type``) that declares
+    a tensor-parallel plan (``base_model_tp_plan``): hidden 64, 2 layers, 4 heads over 2 kv heads,
+    vocab 128, 4 experts (MoE), no dropout; keyword overrides win."""
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"unknown model_type {model_type!r} (not in transformers.CONFIG_MAPPING)")
+    cls = CONFIG_MAPPING[model_type]
+    defaults = cls().to_dict()
+    aliases = dict(getattr(cls, "attribute_map", {}) or {})  # e.g. hidden_size -> n_embd
+    kw: Dict[str, Any] = {aliases.get(k, k): v for k, v in _TINY_PLAN_SIZES.items()
+                          if aliases.get(k, k) in defaults}
+    kw.update({k: 0.0 for k in _DROPOUT_NAMES
+               if isinstance(defaults.get(k), float) and not isinstance(defaults.get(k), bool)})
+    vocab = kw.get("vocab_size", 128)
+    kw.update({k: 0 for k in _TOKEN_IDS
+               if isinstance(defaults.get(k), int) and defaults[k] >= vocab})
+    if "use_cache" in defaults:
+        kw["use_cache"] = False  # training; hybrid linear-attention caches refuse a plain call
+    kw.update({k: v for k, v in _family_fixes(model_type, defaults).items() if k in defaults})
+    kw.update(overrides)
+    return cls(**{k: v for k, v in kw.items() if v is not None or k not in ("layer_types",)})
+
+
+def tiny_plan_model(model_type: str, seed: int = 0, **overrides: Any) -> nn.Module:
+    """A seeded tiny causal-LM (``AutoModelForCausalLM``) of ``model_type`` built from
+    ``tiny_plan_config`` (same seed -> same weights), in train mode."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_plan_config(model_type, **overrides)
+    with seeded(seed):
+        model = AutoModelForCausalLM.from_config(config)
+    return model.train()
