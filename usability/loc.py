@@ -7,7 +7,12 @@ holding Python tokens, without blank lines, comments, docstrings and imports. A 
 may register two families (``bert.py``: bert and roberta; ``gpt2.py``: gpt2 and gpt_neo); their
 lines are counted once and both families list the module. The shared helpers (``common.py``,
 ``checkpointing.py``) are counted once, in rows of their own, since the recipes call them the way
-the paper's schedules call primitives. The paper's counts (Table 4) are listed beside; they
+the paper's schedules call primitives. The ``auto`` schedule (``auto.py``: a schedule derived from
+the model's own tensor-parallel plan, for any family that declares one) is a generator, not a
+recipe of one family: its row counts ``auto.py``, and the plan interpreter it alone calls
+(``tp_plan.py``: plan styles -> primitives; ``moe.py``: experts and routers) has rows of its own
+(``AUTO_HELPERS``). What a user writes for it is one line, ``apply_schedule(model, "auto")``.
+The paper's counts (Table 4) are listed beside; they
 count condensed ``.schedule`` pseudo-code with another rule (every line minus those containing
 "for"), so they are a reference, not the same measurement.
 """
@@ -24,11 +29,14 @@ import tokenize
 from pathlib import Path
 from typing import Dict, List, Set
 
-__all__ = ["code_lines", "table", "PAPER_LOC"]
+__all__ = ["code_lines", "table", "PAPER_LOC", "AUTO_HELPERS"]
 
 # Table 4 of the paper (artifact README; ``wrn`` = wideresnet, ``gpt`` = GPT-Neo's schedule).
 PAPER_LOC = {"bert": 21, "roberta": 21, "t5": 11, "wideresnet": 12, "llama": 11, "opt": 10,
              "gpt_neo": 10}
+
+# Modules only the ``auto`` schedule calls: its plan interpreter (counted once, beside it).
+AUTO_HELPERS = ("tp_plan", "moe")
 
 _SKIP_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
                 tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER}
@@ -61,7 +69,7 @@ def code_lines(source: str) -> int:
 
 def table() -> List[Dict[str, object]]:
     """One row per built-in family (module, code lines, families sharing the module, the
-    paper's count), then the shared helpers."""
+    paper's count), then the shared helpers, then the auto schedule's plan interpreter."""
     from slapo.model_schedule import checkpointing, common, registry
 
     package = Path(inspect.getsourcefile(common)).parent
@@ -81,6 +89,11 @@ def table() -> List[Dict[str, object]]:
         path = Path(inspect.getsourcefile(mod))
         rows.append(dict(family="(shared helpers)", module=f"slapo/model_schedule/{path.name}",
                          lines=code_lines(path.read_text()), shared_with=["all"], paper=None))
+    for name in AUTO_HELPERS:
+        path = package / f"{name}.py"
+        rows.append(dict(family="(auto's plan interpreter)",
+                         module=f"slapo/model_schedule/{path.name}",
+                         lines=code_lines(path.read_text()), shared_with=["auto"], paper=None))
     return rows
 
 
