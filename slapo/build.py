@@ -9,6 +9,7 @@ import torch
 from .dialects import get_dialect
 from .errors import BuildError
 from .weights.delayed_init import InitFn, materialize
+from .sharding.grad_all_reduce import install_grad_hooks
 from .schedule import Schedule
 
 __all__ = ["build"]
@@ -62,4 +63,5 @@ def build(
             hint=f"its options are: {', '.join(dialect.options) or 'none'}",
         )
     model = materialize(sch, init_weights, device=device, seed=init_seed)
+    install_grad_hooks(model)  # all_reduce_grads hooks of parameters materialize re-created
     return dialect.build(sch, model, **kwargs)

@@ -37,6 +37,7 @@ from torch import nn
 
 from ..errors import BuildError
 from ..runtime.distributed import init_distributed
+from ..sharding.grad_all_reduce import GRAD_ALL_REDUCE_TAG
 from .common import (OptimizerArg, data_parallel_group, has_tp_shards, make_optimizer,
                      reject_pipeline_cuts, tp_ranks)
 from .registry import Dialect, register_dialect
@@ -115,6 +116,21 @@ def data_parallel_mesh(sch, model: nn.Module, device: torch.device):
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
+def _reject_grad_hooks(model: nn.Module) -> None:
+    """FSDP2 replaces every parameter (DTensor shards, unsharded copies in forward), so the
+    gradient hooks of ``all_reduce_grads`` / ``mark_replicated`` (sequence parallelism, Qwen3's
+    q/k norms) would be lost and those gradients silently stay partial: refuse them."""
+    hooked = [n for n, p in model.named_parameters()
+              if getattr(p, GRAD_ALL_REDUCE_TAG, None) is not None]
+    if hooked:
+        raise BuildError(
+            f"{len(hooked)} parameter(s) have their gradients all-reduced over the "
+            f"tensor-parallel group by gradient hooks (e.g. '{hooked[0]}'; all_reduce_grads, "
+            "sequence parallelism), which FSDP2 drops when it replaces the parameters",
+            call=_CALL, hint="build with target='torch', 'deepspeed' or 'megatron', or "
+            "schedule without sequence_parallel / all_reduce_grads")
+
+
 @register_dialect
 class FSDPDialect(Dialect):
     """``build(sch, target="fsdp", optimizer=None, layers=None, mesh=None,
@@ -131,6 +147,7 @@ class FSDPDialect(Dialect):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         reject_pipeline_cuts(sch, self.name)
+        _reject_grad_hooks(model)
         if mixed_precision is not None and not isinstance(mixed_precision, torch.dtype):
             raise BuildError(f"mixed_precision must be a torch dtype, got {mixed_precision!r}",
                              call=_CALL, hint="e.g. mixed_precision=torch.bfloat16")

@@ -105,14 +105,22 @@ def _vocab_parallel(sch: Schedule, cfg: ScheduleConfig, mode: C.TPMode,
         model, "get_input_embeddings") else None
     head = _path_of(sch, model.get_output_embeddings()) if hasattr(
         model, "get_output_embeddings") else None
-    rest = [e for e in entries if e.path not in (emb, head)]
+    # the plan's own word wins where it keeps the module whole (Inkling2's normed embedding)
+    whole = {e.path for e in entries if e.style in P.REPLICATED_STYLES and e.param is None}
+    emb_mod = sch[emb].mod if emb is not None else None
+    emb = emb if emb not in whole and P.plain_embedding(emb_mod) else None
+    head_mod = sch[head].mod if head is not None else None
+    tied_to_whole = emb is None and emb_mod is not None and getattr(
+        head_mod, "weight", None) is getattr(emb_mod, "weight", False)
+    head = head if head not in whole and isinstance(head_mod, nn.Linear) and P.plain_linear(
+        head_mod) and not tied_to_whole else None
     if not (mode.tp and cfg.shard_embedding):
-        return rest
-    if emb is not None and isinstance(sch[emb].mod, nn.Embedding):
+        return [e for e in entries if e.path not in (emb, head)]
+    if emb is not None:
         C.shard_embedding(sch, [emb])
-    if head is not None and isinstance(sch[head].mod, nn.Linear):
+    if head is not None:
         C.shard_lm_head(sch, head, mode, cfg, loss="causal")
-    return rest
+    return [e for e in entries if e.path not in (emb, head)]
 
 
 def _rms_norm_matches(mod: nn.Module, new: nn.Module) -> bool:

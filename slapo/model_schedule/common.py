@@ -300,8 +300,8 @@ def sequence_parallel_region(sch: Schedule, first_layer: str, norms: Sequence[st
     """Sequence parallelism around the TP regions: split the first layer's input along the
     sequence, all-gather after every norm that feeds a TP region (backward reduce-scatters the
     partial gradient) and after the final norm (which feeds the vocab-parallel head); norm
-    parameters see only a sequence chunk, so they are marked replicated (gradients summed by
-    :func:`slapo.reduce_replicated_grads`)."""
+    parameters see only a sequence chunk, so they are marked replicated (gradients summed over
+    the TP group in backward by the ``all_reduce_grads`` hooks of ``mark_replicated``)."""
     sch[first_layer].sync("fwd_pre", "scatter", axis=1)
     for path in [*norms, final_norm]:
         gather_sequence(sch[path])

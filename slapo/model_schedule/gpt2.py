@@ -8,7 +8,8 @@ TP: heads, MLP (``c_fc`` / ``c_proj``: HF Conv1D for GPT-2, Linear for GPT-Neo),
 ``wte`` and tied ``lm_head`` with the vocab-parallel causal loss (logits stay vocab-sharded).
 Sequence parallelism (``sequence_parallel``): the first block's input is split along the
 sequence; ``ln_1``/``ln_2``/``ln_f`` all-gather it, the row-parallel projections
-reduce-scatter; call ``slapo.reduce_replicated_grads(model)`` after backward.
+reduce-scatter; the norms' replicated gradients are summed over the TP group in backward (the
+``all_reduce_grads`` hooks of ``mark_replicated``): no call in the training loop.
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ styles, and a plan that splits one expert tensor but not the other.
 both forms above, the router runs on every token on every rank and the gradient that reaches it
 through ``top_k_weights`` is complete, so its weight gradient is already the full one: nothing is
 added. Only when its input is a shard (``sharded_input=True``: each rank routes different
-tokens) its parameters are marked ``replicated_param`` and their gradients are summed by
-:func:`slapo.reduce_replicated_grads` (as the training loops and ``verify`` do).
+tokens) its parameters are marked replicated (``mark_replicated``) and their gradients are
+summed over the group in backward by the ``all_reduce_grads`` hooks (no call in the loop).
 """
 
 from __future__ import annotations
@@ -265,8 +265,8 @@ def replicate_router(sch: Schedule, path: str, *, sharded_input: bool = False) -
     """Keep the router at ``path`` whole on every rank (module docstring). Its gradient is
     complete when every rank routes the same tokens (both forms of :func:`shard_experts`):
     nothing is added. ``sharded_input=True`` (each rank routes a different shard of the tokens)
-    marks its parameters ``replicated_param``, so their gradients are summed over the group by
-    :func:`slapo.reduce_replicated_grads`.
+    marks its parameters replicated (``mark_replicated``), so their gradients are summed over
+    the group in backward by the ``all_reduce_grads`` hooks.
 
     Raises:
         ConfigError: the router has no parameters, or some are sharded.

@@ -54,19 +54,18 @@ import textwrap
 import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError
-from ..primitives.registry import Primitive, register_primitive
+from ..primitives.all_reduce_grads import AllReduceGrads
 from ..schedule import Schedule
 from ..sharding.spec import get_shard_spec
 from . import common as C
 from .config import ScheduleConfig
 
 __all__ = ["PlanEntry", "read_plan", "resolve_plan", "apply_plan", "STYLES", "REFUSED",
-           "COLUMN_STYLES", "AllReduceGrads", "unsharded_modules"]
+           "COLUMN_STYLES", "AllReduceGrads", "unsharded_modules", "plain_embedding",
+           "plain_linear"]
 
 COLUMN_STYLES = ("colwise", "colwise_gather_output", "packed_colwise")
 # Styles that keep a module's parameters whole on purpose (not reported as left unsharded).
@@ -147,48 +146,6 @@ def plan_error(entry: PlanEntry, why: str, hint: str, mod: Optional[nn.Module] =
                        call="apply_schedule('auto')", module=mod, hint=hint)
 
 
-# ------------------------------------------------------------------ gradient all-reduce
-@register_primitive
-class AllReduceGrads(Primitive):
-    """``sch.all_reduce_grads(names=None)``: sum the gradients of this module's parameters
-    ``names`` (default: all of its own) over the tensor-parallel group, inside backward."""
-
-    name = "all_reduce_grads"
-
-    @staticmethod
-    def apply(sch, names: Optional[Sequence[str]] = None) -> None:
-        """For a replicated parameter used on a shard of the activations (Qwen3's per-head
-        ``q_norm``/``k_norm`` weights see only this rank's heads): each rank's gradient is a
-        partial sum. A gradient hook on each parameter all-reduces every gradient contribution
-        before it is accumulated, so ``.grad`` is complete with no call in the training loop
-        (and gradient accumulation stays correct). Nothing is installed on one rank.
-
-        Raises:
-            ConfigError: a name that is not a parameter of this module.
-        """
-        own = dict(sch.mod.named_parameters(recurse=False))
-        names = list(own) if names is None else list(names)
-        missing = [n for n in names if n not in own]
-        if missing:
-            raise ConfigError(f"{missing} are not parameters of this module", path=sch.path,
-                              call=f"all_reduce_grads({names})", module=sch.mod,
-                              hint=f"its parameters: {sorted(own)}")
-        sch.metadata["all_reduce_grads"] = names
-        if sch.world_size == 1:
-            return
-        group = sch.group
-        for name in names:
-            param = own[name]
-            if param.requires_grad:
-                param.register_hook(lambda g, group=group: _all_reduced(g, group))
-
-
-def _all_reduced(grad: torch.Tensor, group) -> torch.Tensor:
-    grad = grad.clone()
-    dist.all_reduce(grad, group=group)
-    return grad
-
-
 # ------------------------------------------------------------------ style handlers
 @dataclasses.dataclass
 class PlanContext:
@@ -202,6 +159,15 @@ class PlanContext:
     handled: Set[str] = dataclasses.field(default_factory=set)
 
 
+def plain_linear(mod: Optional[nn.Module]) -> bool:
+    """Whether ``mod`` is an ``nn.Linear`` (or HF Conv1D) whose only state is ``weight`` and
+    ``bias``: a subclass with more parameters (Dory's LM head scales its logits by a learned
+    per-token ``logit_scale``) cannot be sharded by its weight alone."""
+    return (isinstance(mod, nn.Linear) or C._is_conv1d(mod)) and not any(
+        True for _ in mod.children()) and {n for n, _ in mod.named_parameters()} <= {
+        "weight", "bias"}
+
+
 def _linear(ctx: PlanContext, entry: PlanEntry) -> nn.Module:
     mod = ctx.sch[entry.path].mod
     if entry.param is not None or not (isinstance(mod, nn.Linear) or C._is_conv1d(mod)):
@@ -209,6 +175,12 @@ def _linear(ctx: PlanContext, entry: PlanEntry) -> nn.Module:
                          f"not to {'a parameter' if entry.param else type(mod).__name__}",
                          "only expert tensors below a 'moe_tp_experts' module may be named "
                          "directly", mod)
+    if not plain_linear(mod):
+        extra = sorted(n for n, _ in mod.named_parameters() if n not in ("weight", "bias"))
+        raise plan_error(entry, f"{type(mod).__name__} holds parameters {extra} besides "
+                         "weight/bias, which its own forward uses on the output: sharding "
+                         "the weight alone would be wrong", "schedule this module by hand, or "
+                         "mark it 'replicate' in the plan", mod)
     return mod
 
 
@@ -249,11 +221,22 @@ def _replicated_grads(ctx: PlanContext, entry: PlanEntry) -> None:
         node.all_reduce_grads()
 
 
+def plain_embedding(mod: Optional[nn.Module]) -> bool:
+    """Whether ``mod`` is an ``nn.Embedding`` whose only state is its ``weight`` (a subclass
+    that scales the lookup is fine; one with a norm or other parameters after the lookup is not:
+    its sharded partial lookups could not be summed after the module, and those parameters'
+    gradients would be partial)."""
+    return isinstance(mod, nn.Embedding) and not any(True for _ in mod.children()) and [
+        n for n, _ in mod.named_parameters()] == ["weight"]
+
+
 def _embedding(ctx: PlanContext, entry: PlanEntry, *, axis: int) -> None:
     node = ctx.sch[entry.path]
-    if not isinstance(node.mod, nn.Embedding):
-        raise plan_error(entry, f"expects an nn.Embedding, found {type(node.mod).__name__}",
-                         "fix the plan entry", node.mod)
+    if not plain_embedding(node.mod):
+        raise plan_error(entry, "expects a plain nn.Embedding (only a 'weight', no submodules), "
+                         f"found {type(node.mod).__name__} with "
+                         f"{sorted(n for n, _ in node.mod.named_parameters())}",
+                         "mark it 'replicate' in the plan, or schedule it by hand", node.mod)
     if axis == 0:
         if ctx.cfg.shard_embedding:  # with the knob off the embedding stays whole
             C.shard_embedding(ctx.sch, [entry.path])

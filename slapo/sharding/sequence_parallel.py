@@ -13,9 +13,14 @@ along the *sequence* axis instead of being replicated on every rank:
   replicated LM head (or feed a vocab-parallel head with the default).
 
 Parameters used on a sequence chunk (norm weights, row-parallel biases, embeddings before the
-scatter) get only their chunk's gradient on each rank: they are marked ``replicated_param=True``
-(:func:`mark_replicated`, an ``annotate``) and their gradients are summed over the TP group after
-backward by :func:`reduce_replicated_grads`. Dropout on sequence chunks must differ per rank:
+scatter) get only their chunk's gradient on each rank: :func:`mark_replicated` tags them
+``replicated_param=True`` (an ``annotate``) and calls the ``all_reduce_grads`` primitive on them,
+whose gradient hooks sum each gradient over the TP group *inside backward*: the training loop
+needs no call (runtimes: torch, deepspeed, megatron; fsdp refuses them). Parameters a user tags
+by hand with ``annotate(name, "replicated_param", True)`` get no hook: for those (only) call
+:func:`reduce_replicated_grads` after backward; it skips every parameter whose hook already
+reduces it, so calling it on a ``mark_replicated`` model is harmless. Dropout on sequence chunks
+must differ per rank:
 seed with ``slapo.set_random_seed(seed, tp_rank=r, always_enable_tp_seed=True)`` or
 ``fork_rng()`` those dropout modules.
 
@@ -37,6 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .collectives import group_size
+from .grad_all_reduce import GRAD_ALL_REDUCE_TAG, grad_hook_installed
 
 __all__ = ["scatter_sequence", "gather_sequence", "reduce_scatter_sequence", "mark_replicated",
            "reduce_replicated_grads", "REPLICATED_TAG"]
@@ -66,21 +72,32 @@ def reduce_scatter_sequence(sch, axis: int = 1) -> None:
 
 
 def mark_replicated(sch, names: Optional[Iterable[str]] = None) -> List[str]:
-    """Annotate parameters of this module (default: all of them, recursively) with
-    ``replicated_param=True``: replicated across TP ranks, gradients to be summed by
-    :func:`reduce_replicated_grads`. Returns the names annotated."""
+    """Mark parameters of this module (default: all of them, recursively) replicated across the
+    TP ranks but used on a sequence chunk: annotated ``replicated_param=True`` and their
+    gradients summed over the TP group in backward by the ``all_reduce_grads`` primitive (both
+    recorded in ``sch.history``). Returns the names marked."""
     names = list(names) if names is not None else [n for n, _ in sch.mod.named_parameters()]
     for name in names:
         sch.annotate(name, REPLICATED_TAG, True)
+    if names:
+        sch.all_reduce_grads(names)
     return names
 
 
+def _needs_reduction(p: torch.Tensor) -> bool:
+    tagged = getattr(p, REPLICATED_TAG, False) or getattr(p, GRAD_ALL_REDUCE_TAG, None)
+    return bool(tagged) and p.grad is not None and not grad_hook_installed(p)
+
+
 def reduce_replicated_grads(model: nn.Module, group: Optional[dist.ProcessGroup] = None) -> int:
-    """Sum the gradients of every ``replicated_param`` parameter over ``group`` (in place,
-    flattened into one all-reduce). Call after backward, before the optimizer step. Returns the
-    number of gradients reduced."""
-    grads = [p.grad for p in model.parameters()
-             if getattr(p, REPLICATED_TAG, False) and p.grad is not None]
+    """Sum over ``group`` the gradients of the ``replicated_param`` parameters that no gradient
+    hook reduces already (in place, one flattened all-reduce): parameters tagged by hand with
+    ``annotate(name, "replicated_param", True)``, or whose ``all_reduce_grads`` hook was lost
+    when a runtime re-created them. Those marked by :func:`mark_replicated` / the
+    ``all_reduce_grads`` primitive are reduced in backward and skipped, so nothing is reduced
+    twice. Call after backward, before the optimizer step. Returns the number of gradients
+    reduced."""
+    grads = [p.grad for p in model.parameters() if _needs_reduction(p)]
     if not grads or group_size(group) == 1:
         return len(grads)
     flat = torch.cat([g.reshape(-1) for g in grads])

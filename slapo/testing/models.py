@@ -142,7 +142,8 @@ class MLP(nn.Module):
 # Generic shrink, by config attribute name: applied to every attribute the family's default config
 # has. Sizes divide by 2 and 4 (TP tests); 4 query heads over 2 kv heads keep GQA in play.
 _TINY_PLAN_SIZES: Dict[str, Any] = {
-    "vocab_size": 128, "hidden_size": 64, "intermediate_size": 64, "num_hidden_layers": 2,
+    "vocab_size": 128, "unpadded_vocab_size": 128, "hidden_size": 64, "intermediate_size": 64,
+    "intermediate_size_mlp": 64, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
     "max_position_embeddings": 64, "original_max_position_embeddings": 64,
     "max_window_layers": 2, "sliding_window": 4, "query_pre_attn_scalar": 16,
@@ -155,6 +156,9 @@ _TINY_PLAN_SIZES: Dict[str, Any] = {
     # multi-head latent attention (deepseek)
     "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8,
     "v_head_dim": 16,
+    # per-layer inputs, LAuReL, KV sharing (gemma3n)
+    "vocab_size_per_layer_input": 128, "hidden_size_per_layer_input": 16, "laurel_rank": 8,
+    "num_kv_shared_layers": 0, "num_dense_layers": 1,
 }
 # Zero every dropout the config has: the scheduled and the reference model must agree exactly.
 _DROPOUT_NAMES = ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop",
@@ -174,6 +178,16 @@ def _family_fixes(model_type: str, defaults: Dict[str, Any]) -> Dict[str, Any]:
     fixes: Dict[str, Any] = {}
     if "layer_types" in defaults:
         fixes["layer_types"] = None  # re-derived from the new layer count
+    layers = defaults.get("num_hidden_layers")
+    for name, value in defaults.items():  # other per-layer lists: re-derived too
+        if isinstance(value, list) and len(value) == layers and name not in _TINY_PLAN_SIZES:
+            fixes[name] = None
+    if defaults.get("rope_parameters") == {} and defaults.get("layer_types"):
+        # RoPE per layer type with none given (cohere_compass_text's default config)
+        fixes["rope_parameters"] = {t: {"rope_type": "default", "rope_theta": 10000.0}
+                                    for t in set(defaults["layer_types"])}
+    if model_type == "lfm2_moe":  # no layer_types by default, and the model indexes them
+        fixes["layer_types"] = ["conv", "full_attention"]
     if "rope_scaling" in defaults and defaults.get("rope_scaling"):
         fixes["rope_scaling"] = None
     if "qk_rope_head_dim" in defaults:  # MLA (DeepSeek): RoPE over head_dim, kv heads = heads
@@ -204,7 +218,8 @@ def tiny_plan_config(model_type: str, **overrides: Any):
         kw["use_cache"] = False  # training; hybrid linear-attention caches refuse a plain call
     kw.update({k: v for k, v in _family_fixes(model_type, defaults).items() if k in defaults})
     kw.update(overrides)
-    return cls(**{k: v for k, v in kw.items() if v is not None or k not in ("layer_types",)})
+    dropped = {k for k, v in _family_fixes(model_type, defaults).items() if v is None}
+    return cls(**{k: v for k, v in kw.items() if v is not None or k not in dropped})
 
 
 def tiny_plan_model(model_type: str, seed: int = 0, **overrides: Any) -> nn.Module:

@@ -34,6 +34,7 @@ from torch import nn
 
 from ..errors import VerifyError
 from ..schedule import Schedule
+from ..sharding.sequence_parallel import reduce_replicated_grads
 from ..sharding.spec import get_shard_spec
 from ..testing.compare import outputs_of
 from .budget import check_memory, estimate_peak
@@ -428,12 +429,11 @@ def _load_reference_weights(ref_model: nn.Module, model: nn.Module) -> None:
 
 
 def _reduce_replicated_grads(model: nn.Module, group) -> None:
-    """Sum gradients of parameters tagged ``replicated_param`` (sequence parallelism) over TP."""
-    if not _distributed(group):
-        return
-    for p in model.parameters():
-        if getattr(p, "replicated_param", False) and p.grad is not None:
-            dist.all_reduce(p.grad, group=group)
+    """Sum over TP the gradients of ``replicated_param`` parameters that the schedule's own
+    gradient hooks (``all_reduce_grads``, ``mark_replicated``) do not reduce already: exactly
+    what a training loop calling ``slapo.reduce_replicated_grads`` gets."""
+    if _distributed(group):
+        reduce_replicated_grads(model, group)
 
 
 class Verify:

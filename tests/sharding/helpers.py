@@ -53,8 +53,8 @@ def train_and_compare(ref: nn.Module, model: nn.Module, inputs: Any, *, steps: i
             out = m(**inputs) if isinstance(inputs, dict) else m(*inputs)
             loss_fn(out).backward()
             outs.append({k: v.detach() for k, v in out_fn(out).items()})
-        if sequence_parallel:
-            reduce_replicated_grads(model)
+        if sequence_parallel:  # the schedule's hooks reduced every replicated gradient
+            assert reduce_replicated_grads(model) == 0, "a replicated gradient without a hook"
         assert outs[0].keys() == outs[1].keys()
         for k in outs[0]:
             torch.testing.assert_close(outs[1][k], outs[0][k], **(tol or TOL),
