@@ -7,6 +7,7 @@ builder fits, one function here.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -16,8 +17,9 @@ from torch import nn
 import slapo
 from slapo.errors import ConfigError
 
-from end2end.driver.runtimes import (Batch, Runner, RunnerRequest, config_of, prepare_hf_model,
-                                     scheduled_model, builds, default_deepspeed_config)
+from end2end.driver.runtimes import (Batch, ModelSchedule, Runner, RunnerRequest, config_of,
+                                     prepare_hf_model, scheduled_model, builds,
+                                     default_deepspeed_config)
 
 __all__ = ["pipeline_runner"]
 
@@ -106,11 +108,20 @@ def _fsdp_runner(request: RunnerRequest) -> Runner:
     return Runner(request.mode.name, built, opt, _torch_step(built, opt, dp_group))
 
 
-@builds("eager", "slapo")
+def _with_mode_recipe(request: RunnerRequest) -> RunnerRequest:
+    """The request with its mode's recipe (:attr:`~end2end.spec.modes.Mode.recipe`, e.g.
+    ``"auto"``) in place of the model's own, keeping the run's knobs."""
+    recipe, schedule = request.mode.recipe, request.schedule
+    if recipe is None or not isinstance(schedule, ModelSchedule):
+        return request
+    return dataclasses.replace(request, schedule=ModelSchedule(recipe, dict(schedule.knobs)))
+
+
+@builds("eager", "slapo", "slapo-auto")
 def _torch_runner(request: RunnerRequest) -> Runner:
     """Plain PyTorch; the unscheduled model is data parallel (DDP) on several ranks, the
-    scheduled one runs its own (TP) layout."""
-    built, _ = slapo.build(scheduled_model(request), target="torch")
+    scheduled one runs its own (TP) layout (the mode's recipe where it has one)."""
+    built, _ = slapo.build(scheduled_model(_with_mode_recipe(request)), target="torch")
     built = built.to(request.env.device)
     opt = request.optimizer([p for p in built.parameters() if p.requires_grad])
     dp_group = None
@@ -161,6 +172,19 @@ def _dtensor_tp_runner(request: RunnerRequest) -> Runner:
         return (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).item()
 
     return Runner(request.mode.name, model, opt, step)
+
+
+@builds("hf-tp")
+def _hf_tp_runner(request: RunnerRequest) -> Runner:
+    """``hf-tp``: transformers' own tensor parallelism from the model's plan over all ranks
+    (:mod:`end2end.driver.baselines.hf_tp`); the loss HF computes (gathered logits), the same
+    on every rank."""
+    from end2end.driver.baselines.hf_tp import apply_hf_tensor_parallel
+
+    env = request.env
+    model = apply_hf_tensor_parallel(prepare_hf_model(request).to(env.device), env.world_size)
+    opt = request.optimizer([p for p in model.parameters() if p.requires_grad])
+    return Runner(request.mode.name, model, opt, _torch_step(model, opt))
 
 
 def pipeline_runner(request: RunnerRequest, sch: slapo.Schedule) -> Runner:

@@ -28,6 +28,7 @@ from end2end.models.zoo import FAMILIES, ZOO, ModelSpec
 __all__ = [
     "ModelSpec", "UnknownModelError", "list_models", "get_model_spec", "build_hf_config",
     "build_model", "make_inputs", "scale_down", "count_parameters", "MODEL_CLASSES",
+    "CONFIG_CLASSES",
 ]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -37,10 +38,23 @@ MODEL_CLASSES: Dict[str, str] = {
     "bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "albert": "AlbertForMaskedLM",
     "gpt2": "GPT2LMHeadModel", "gpt_neo": "GPTNeoForCausalLM", "opt": "OPTForCausalLM",
     "t5": "T5ForConditionalGeneration", "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM", "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM", "mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
 }
+# The HF config class of each family.
+CONFIG_CLASSES: Dict[str, str] = {
+    "bert": "BertConfig", "roberta": "RobertaConfig", "albert": "AlbertConfig",
+    "gpt2": "GPT2Config", "gpt_neo": "GPTNeoConfig", "opt": "OPTConfig", "t5": "T5Config",
+    "llama": "LlamaConfig", "qwen3": "Qwen3Config", "mistral": "MistralConfig",
+    "gemma3": "Gemma3TextConfig", "phi3": "Phi3Config", "mixtral": "MixtralConfig",
+    "qwen3_moe": "Qwen3MoeConfig",
+}
+# Families built like LLaMA (RMSNorm, rotary, gated FFN, GQA): one spelling of their sizes.
+_LLAMA_LIKE = ("llama", "qwen3", "mistral", "gemma3", "phi3", "mixtral", "qwen3_moe")
 
 SpecLike = Union[str, ModelSpec]
-assert set(MODEL_CLASSES) | {"wideresnet"} == set(FAMILIES)
+assert set(MODEL_CLASSES) | {"wideresnet"} == set(FAMILIES) == set(CONFIG_CLASSES) | {
+    "wideresnet"}
 
 
 class UnknownModelError(ConfigError, LookupError):
@@ -103,11 +117,8 @@ def _hf_kwargs(spec: ModelSpec) -> Dict[str, Any]:
                   word_embed_proj_dim=spec.emb_dim, max_position_embeddings=spec.max_positions,
                   pad_token_id=1, bos_token_id=2, eos_token_id=2)
         small_vocab = False
-    elif f == "llama":
-        kw = dict(vocab_size=spec.vocab, hidden_size=h, num_hidden_layers=spec.layers,
-                  num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads or spec.heads,
-                  intermediate_size=spec.ffn, max_position_embeddings=spec.max_positions,
-                  rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    elif f in _LLAMA_LIKE:
+        kw = _llama_like_kwargs(spec)
         small_vocab = False
     elif f == "t5":
         kw = dict(vocab_size=spec.vocab, d_model=h, d_kv=spec.dim_per_head, d_ff=spec.ffn,
@@ -123,6 +134,22 @@ def _hf_kwargs(spec: ModelSpec) -> Dict[str, Any]:
     return kw
 
 
+def _llama_like_kwargs(spec: ModelSpec) -> Dict[str, Any]:
+    """LLaMA's config spelling, shared by today's decoder families (+ their MoE sizes)."""
+    kw: Dict[str, Any] = dict(
+        vocab_size=spec.vocab, hidden_size=spec.hidden, num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads or spec.heads,
+        intermediate_size=spec.ffn, max_position_embeddings=spec.max_positions,
+        rms_norm_eps=1e-6, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        head_dim=spec.dim_per_head)  # Qwen3's/Gemma 3's defaults are not hidden // heads
+    if spec.family == "mixtral":
+        kw.update(num_local_experts=spec.experts, num_experts_per_tok=spec.experts_per_token)
+    elif spec.family == "qwen3_moe":  # every layer sparse; the expert FFN is moe_intermediate
+        kw.update(num_experts=spec.experts, num_experts_per_tok=spec.experts_per_token,
+                  moe_intermediate_size=spec.ffn, decoder_sparse_step=1, mlp_only_layers=[])
+    return kw
+
+
 def build_hf_config(name: SpecLike, **overrides: Any):
     """The ``transformers`` config of a (transformer) zoo model; ``overrides`` win.
 
@@ -131,9 +158,7 @@ def build_hf_config(name: SpecLike, **overrides: Any):
     import transformers as tf
 
     spec = get_model_spec(name)
-    cls_name = {"bert": "BertConfig", "roberta": "RobertaConfig", "albert": "AlbertConfig",
-                "gpt2": "GPT2Config", "gpt_neo": "GPTNeoConfig", "opt": "OPTConfig",
-                "t5": "T5Config", "llama": "LlamaConfig"}.get(spec.family)
+    cls_name = CONFIG_CLASSES.get(spec.family)
     if cls_name is None:
         raise ConfigError(f"{spec.name} is a {spec.family} model, not a transformers model",
                           hint="use build_model() for it")
@@ -226,7 +251,8 @@ def scale_down(spec: SpecLike, layers: int = 2, hidden: int = 32, heads: int = 4
         (heads if spec.kv_heads else 0),
         ffn=2 * hidden if spec.ffn < 3 * spec.hidden else 4 * hidden,
         vocab=128, max_positions=64,
-        embedding_size=hidden // 2 if spec.embedding_size else 0)
+        embedding_size=hidden // 2 if spec.embedding_size else 0,
+        experts=min(spec.experts, 4), experts_per_token=min(spec.experts_per_token, 2))
 
 
 def count_parameters(model: nn.Module, unique: bool = True) -> int:

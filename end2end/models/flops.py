@@ -8,7 +8,8 @@ FFN uses the real intermediate size (BERT-1B keeps FFN 4096 = 2h), gated FFNs ha
 matrices, grouped-query attention has narrower K/V projections, BERT-style MLM heads include their
 transform layer, ALBERT/OPT include their embedding projections, T5 counts encoder, decoder
 self-attention, cross-attention and the LM head over the decoder tokens, and WideResNet counts
-every convolution from its shapes. Attention scores are counted for the full ``s x s`` matrix
+every convolution from its shapes, and mixtures of experts count the router and the top-k experts
+a token runs (active parameters). Attention scores are counted for the full ``s x s`` matrix
 (also for causal and GPT-Neo local attention, which HF computes as masked full attention).
 
 ``measure_gemm_flops`` measures the achievable GEMM rate to report MFU against (call it in the
@@ -41,7 +42,12 @@ def _layer_flops(spec: ModelSpec, s_q: int, s_kv: int) -> float:
 
 
 def _ffn_flops(spec: ModelSpec, s: int) -> float:
-    return 2 * s * spec.hidden * spec.ffn * (3 if spec.gated_ffn else 2)
+    """The FFN over ``s`` tokens; a mixture of experts counts its router and the ``top-k``
+    experts each token runs (the active parameters), not the idle ones."""
+    one = 2 * s * spec.hidden * spec.ffn * (3 if spec.gated_ffn else 2)
+    if not spec.is_moe:
+        return one
+    return one * spec.experts_per_token + 2 * s * spec.hidden * spec.experts
 
 
 def _head_flops(spec: ModelSpec, s: int) -> float:

@@ -12,9 +12,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Tuple
 
-__all__ = ["ModelSpec", "ZOO", "FAMILIES"]
+__all__ = ["ModelSpec", "ZOO", "FAMILIES", "CAUSAL_FAMILIES"]
 
-FAMILIES = ("bert", "roberta", "albert", "gpt2", "gpt_neo", "opt", "t5", "llama", "wideresnet")
+FAMILIES = ("bert", "roberta", "albert", "gpt2", "gpt_neo", "opt", "t5", "llama", "wideresnet",
+            "qwen3", "mistral", "gemma3", "phi3", "mixtral", "qwen3_moe")
+# Causal-LM (decoder-only) families; today's (issue 27) have no hand recipe: schedule "auto".
+CAUSAL_FAMILIES = ("gpt2", "gpt_neo", "opt", "llama", "qwen3", "mistral", "gemma3", "phi3",
+                   "mixtral", "qwen3_moe")
 
 
 @dataclass(frozen=True)
@@ -26,6 +30,11 @@ class ModelSpec:
     ``ffn`` (real intermediate size), ``gated_ffn`` (SwiGLU-style: three FFN matrices),
     ``vocab``, ``max_positions`` (usable sequence length), ``embedding_size`` (ALBERT's factorised
     embedding / OPT's ``word_embed_proj_dim``; 0 = hidden).
+    Mixture of experts: ``experts`` (experts per MoE layer; 0 = dense), ``experts_per_token``
+    (top-k); ``ffn`` is then the size of one expert's (gated) FFN.
+    ``schedule``: the ``slapo.model_schedule`` recipe of the Slapo modes: the family's hand
+    recipe (default: the family's name), or ``"auto"`` (derived from the HF config's
+    tensor-parallel plan) for the families that have none.
     WideResNet fields: ``block_layers`` (4 Bottleneck counts), ``width_per_group``,
     ``image_size``, ``num_classes``.
     """
@@ -48,13 +57,20 @@ class ModelSpec:
     width_per_group: int = 64
     image_size: int = 224
     num_classes: int = 1000
+    experts: int = 0
+    experts_per_token: int = 0
+    schedule: str = ""
     extra: Tuple[Tuple[str, Any], ...] = ()
     note: str = ""
 
+    def __post_init__(self) -> None:
+        if not self.schedule:  # a hand recipe named after the family
+            object.__setattr__(self, "schedule", self.family)
+
     @property
-    def schedule(self) -> str:
-        """The ``slapo.model_schedule`` recipe name (= the family)."""
-        return self.family
+    def is_moe(self) -> bool:
+        """A mixture-of-experts model (``experts`` > 0)."""
+        return self.experts > 0
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -66,7 +82,7 @@ class ModelSpec:
 
     @property
     def is_causal(self) -> bool:
-        return self.family in ("gpt2", "gpt_neo", "opt", "llama")
+        return self.family in CAUSAL_FAMILIES
 
     @property
     def dim_per_head(self) -> int:
@@ -149,6 +165,27 @@ _add("llama-7b", "llama", "LLaMA-7B", layers=32, hidden=4096, heads=32, kv_heads
 _add("llama-13b", "llama", "LLaMA-13B", layers=40, hidden=5120, heads=40, kv_heads=40,
      ffn=13824, gated_ffn=True, vocab=32000, max_positions=2048)
 
+# ---- Today's families (issue 27): no hand recipe, their Slapo schedule is "auto" ----------------
+# Sizes of the public checkpoints' published HF configs (text model only for Gemma 3).
+_AUTO = dict(gated_ffn=True, schedule="auto")
+_add("Qwen/Qwen3-8B", "qwen3", "Qwen3-8B", layers=36, hidden=4096, heads=32, kv_heads=8,
+     head_dim=128, ffn=12288, vocab=151936, max_positions=40960, **_AUTO)
+_add("mistralai/Mistral-7B-v0.3", "mistral", "Mistral-7B", layers=32, hidden=4096, heads=32,
+     kv_heads=8, ffn=14336, vocab=32768, max_positions=32768, **_AUTO)
+for _name, _l, _h, _a, _kv, _ff in (("google/gemma-3-4b-pt", 34, 2560, 8, 4, 10240),
+                                    ("google/gemma-3-12b-pt", 48, 3840, 16, 8, 15360)):
+    _add(_name, "gemma3", "Gemma-3-" + _name.split("-")[2].upper(), layers=_l, hidden=_h,
+         heads=_a, kv_heads=_kv, head_dim=256, ffn=_ff, vocab=262208, max_positions=131072,
+         extra=(("sliding_window", 1024), ("query_pre_attn_scalar", 256)), **_AUTO)
+_add("microsoft/Phi-3-mini-4k-instruct", "phi3", "Phi-3-mini", layers=32, hidden=3072,
+     heads=32, kv_heads=32, ffn=8192, vocab=32064, max_positions=4096, **_AUTO)
+_add("mistralai/Mixtral-8x7B-v0.1", "mixtral", "Mixtral-8x7B", layers=32, hidden=4096,
+     heads=32, kv_heads=8, ffn=14336, experts=8, experts_per_token=2, vocab=32000,
+     max_positions=32768, **_AUTO)
+_add("Qwen/Qwen3-30B-A3B", "qwen3_moe", "Qwen3-30B-A3B", layers=48, hidden=2048, heads=32,
+     kv_heads=4, head_dim=128, ffn=768, experts=128, experts_per_token=8, vocab=151936,
+     max_positions=40960, **_AUTO)
+
 # ---- T5 (encoder-decoder, v1.0: ReLU FFN, tied embeddings) ------------------------------------
 for _name, _l, _h, _a, _kv, _ff in (("t5-small", 6, 512, 8, 64, 2048),
                                     ("t5-base", 12, 768, 12, 64, 3072),
@@ -177,6 +214,17 @@ _add("cpu/gpt-neo", "gpt_neo", "GPT-Neo (CPU)", layers=4, max_positions=2048, **
 _add("cpu/opt", "opt", "OPT (CPU)", layers=4, max_positions=1024, **_CPU)
 _add("cpu/llama", "llama", "LLaMA (CPU)", layers=4, hidden=512, heads=8, kv_heads=4, ffn=1408,
      gated_ffn=True, vocab=8192, max_positions=1024)
+# Today's families at cpu/llama's size; the MoE models have 8 experts of half llama's FFN and
+# route each token to 2, so their active FFN is llama's; Gemma 3 slides a 256-token window.
+_CPU_AUTO = dict(layers=4, hidden=512, heads=8, kv_heads=4, ffn=1408, vocab=8192,
+                 max_positions=1024, **_AUTO)
+_MOE = dict(ffn=704, experts=8, experts_per_token=2)
+_add("cpu/qwen3", "qwen3", "Qwen3 (CPU)", **_CPU_AUTO)
+_add("cpu/mistral", "mistral", "Mistral (CPU)", **_CPU_AUTO)
+_add("cpu/gemma3", "gemma3", "Gemma 3 (CPU)", extra=(("sliding_window", 256),), **_CPU_AUTO)
+_add("cpu/phi3", "phi3", "Phi-3 (CPU)", **{**_CPU_AUTO, "kv_heads": 8})
+_add("cpu/mixtral", "mixtral", "Mixtral (CPU)", **{**_CPU_AUTO, **_MOE})
+_add("cpu/qwen3-moe", "qwen3_moe", "Qwen3-MoE (CPU)", **{**_CPU_AUTO, **_MOE})
 _add("cpu/t5", "t5", "T5 (CPU)", layers=2, decoder_layers=2, head_dim=64, max_positions=1024,
      **_CPU)
 _add("cpu/wideresnet", "wideresnet", "WideResNet (CPU)", block_layers=(1, 1, 2, 1),
@@ -190,6 +238,12 @@ for _name, _family in (("tiny/bert", "bert"), ("tiny/roberta", "roberta"),
 _add("tiny/albert", "albert", "tiny/albert", embedding_size=32, **_TINY)
 _add("tiny/llama", "llama", "tiny/llama", kv_heads=2, gated_ffn=True,
      **{**_TINY, "ffn": 96})
+_TINY_AUTO = dict(_TINY, kv_heads=2, ffn=96, **_AUTO)
+for _name, _family in (("tiny/qwen3", "qwen3"), ("tiny/mistral", "mistral"),
+                       ("tiny/gemma3", "gemma3"), ("tiny/phi3", "phi3")):
+    _add(_name, _family, _name, **_TINY_AUTO)
+for _name, _family in (("tiny/mixtral", "mixtral"), ("tiny/qwen3-moe", "qwen3_moe")):
+    _add(_name, _family, _name, experts=4, experts_per_token=2, **{**_TINY_AUTO, "ffn": 48})
 _add("tiny/t5", "t5", "tiny/t5", decoder_layers=2, head_dim=16, **_TINY)
 _add("tiny/wideresnet", "wideresnet", "tiny/wideresnet", block_layers=(1, 1, 1, 1),
      width_per_group=4, image_size=32, num_classes=10)

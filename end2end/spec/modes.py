@@ -66,6 +66,10 @@ class Mode:
     TP x FSDP) or ``single`` (one-rank groups: ZeRO-3 without TP). Baselines: unused."""
     baselines: Tuple[str, ...] = ()
     """The modes a Slapo mode's speedup is taken over, first present first."""
+    recipe: Optional[str] = None
+    """The ``slapo.model_schedule`` recipe this mode applies to every model (``"auto"``: the
+    schedule derived from the HF config's tensor-parallel plan); None: the model's own
+    (``ModelSpec.schedule``: its family's hand recipe, or ``"auto"`` where it has none)."""
 
     @property
     def tp_enabled(self) -> bool:
@@ -144,6 +148,17 @@ MODE_TABLE: Dict[str, Mode] = {m.name: m for m in (
     Mode("dtensor-tp", "DTensor-TP", "#64b5cd", "torch",
          "the unscheduled HF model with PyTorch's DTensor TP plan of its family",
          tp_default=True, tp="world"),
+    Mode("hf-tp", "HF-TP", "#e5ae38", "torch",
+         "the unscheduled HF model sharded by transformers' own tensor parallelism "
+         "(apply_tensor_parallelism) with its config's plan, TP over all ranks",
+         tp_default=True, tp="world"),
+    Mode("slapo-auto", "Slapo-auto", "#2ca02c", "torch",
+         "the model with the Slapo schedule derived from its config's TP plan (\"auto\") on "
+         "plain PyTorch, TP over all ranks", slapo=True, tp_default=True, tp="world",
+         ckpt="ratio", recipe="auto", baselines=("hf-tp", "fsdp", "dtensor-tp"),
+         pipeline_refusal=("the 'auto' mode runs without pipeline stages",
+                           "use mode 'slapo' (its torch pipeline runs the model's own recipe, "
+                           "'auto' for the families without a hand recipe), or pp=1")),
 )}
 
 MODES: Tuple[str, ...] = tuple(MODE_TABLE)
