@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, Tuple
 
-__all__ = ["ModelSpec", "ZOO", "FAMILIES", "CAUSAL_FAMILIES"]
+__all__ = ["ModelSpec", "ZOO", "FAMILIES", "CAUSAL_FAMILIES", "VOCAB_MULTIPLE", "padded_vocab"]
 
 FAMILIES = ("bert", "roberta", "albert", "gpt2", "gpt_neo", "opt", "t5", "llama", "wideresnet",
             "qwen3", "mistral", "gemma3", "phi3", "mixtral", "qwen3_moe")
@@ -110,8 +110,25 @@ class ModelSpec:
 ZOO: Dict[str, ModelSpec] = {}
 
 
+#: Vocabularies not divisible by 8 are padded to a multiple of this, as Megatron-LM pads its own
+#: (``--make-vocab-size-divisible-by 128``) and the artifact padded the others: a vocab-parallel
+#: embedding at TP 2, 4 or 8 needs a divisible size (BERT's 30522 is not), and every system of
+#: a comparison trains the same padded model. The published size stays in ``note``.
+VOCAB_MULTIPLE = 128
+
+
+def padded_vocab(vocab: int) -> int:
+    """``vocab``, or the next multiple of :data:`VOCAB_MULTIPLE` when 8 does not divide it."""
+    return vocab if vocab % 8 == 0 else -(-vocab // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
 def _add(name: str, family: str, label: str = "", **fields: Any) -> None:
     assert name not in ZOO, name
+    vocab = fields.get("vocab", 0)
+    if vocab and padded_vocab(vocab) != vocab:
+        fields["vocab"] = padded_vocab(vocab)
+        pad = f"vocab {vocab} padded to {fields['vocab']}"
+        fields["note"] = f"{fields['note']}; {pad}" if fields.get("note") else pad
     ZOO[name] = ModelSpec(name=name, family=family, label=label or name, **fields)
 
 

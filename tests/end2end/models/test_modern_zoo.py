@@ -68,3 +68,15 @@ def test_cpu_models_are_sized_like_cpu_llama():
         assert count_parameters(build_model(name, device="meta")) < 1.3 * llama, name
     for name in ("cpu/mixtral", "cpu/qwen3-moe"):  # 4x llama's FFN parameters, 1x active
         assert count_parameters(build_model(name, device="meta")) < 2.5 * llama, name
+
+
+def test_paper_vocabularies_are_padded_for_tensor_parallelism():
+    """BERT's 30522 (not divisible by 4 or 8) is padded as Megatron-LM pads (multiple of 128),
+    for every system alike; divisible vocabularies stay as published."""
+    from end2end.models.zoo import ZOO, padded_vocab
+
+    assert ZOO["bert-xlarge"].vocab == 30592 and "vocab 30522 padded to 30592" in \
+        ZOO["bert-xlarge"].note
+    assert ZOO["gpt-10b"].vocab == 50304 and ZOO["gpt-10b"].note.startswith("reconstructed")
+    assert ZOO["llama-7b"].vocab == 32000 and padded_vocab(32128) == 32128
+    assert all(spec.vocab % 8 == 0 for spec in ZOO.values() if spec.vocab)
