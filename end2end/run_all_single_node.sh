@@ -13,6 +13,11 @@
 # medians (min-max) are printed.
 # Exit status: the sweep's (0 all ok, 1 some runs not ok, 2 usage/config error, 130 interrupted);
 # the figure is drawn for 0 and 1 only.
+# --check [--sim-device PROFILE]: instead of running, simulate every line for the config's device
+#   (python -m end2end.simulate.check: the GPU its opening comment names, else this machine; or
+#   PROFILE: v100-32gb a100-80gb h100-80gb h200 cpu) and list the runs predicted to fail or run
+#   out of memory (rows in ${SIM_RESULTS:-results/<config>.<profile>.sim.tsv}); exit 0 when all are predicted to
+#   fit, 1 otherwise (docs/simulate.md).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CFG="${1:?usage: run_all_single_node.sh CONFIG [sweep args]}"
@@ -28,6 +33,24 @@ fi
 PY="${PYTHON:-$ROOT/.venv/bin/python}"
 [[ -x "$PY" ]] || PY="$(command -v python3)"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+CHECK=0
+SIM_DEVICE=()
+ARGS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --check) CHECK=1 ;;
+    --sim-device) SIM_DEVICE=(--device "${2:?--sim-device needs a profile}"); shift ;;
+    --sim-device=*) SIM_DEVICE=(--device "${1#--sim-device=}") ;;
+    *) ARGS+=("$1") ;;
+  esac
+  shift
+done
+set -- ${ARGS[@]+"${ARGS[@]}"}
+if [[ $CHECK -eq 1 ]]; then
+  cd "$ROOT"
+  [[ -n "${SIM_RESULTS:-}" ]] && SIM_DEVICE+=(--results "$SIM_RESULTS")
+  exec "$PY" -m end2end.simulate.check "$CFG" ${SIM_DEVICE[@]+"${SIM_DEVICE[@]}"}
+fi
 DEVICE="${DEVICE:-$("$PY" -c 'import torch; print("cuda" if torch.cuda.is_available() else "cpu")')}"
 cd "$ROOT"
 mkdir -p "$(dirname "$RESULTS")"

@@ -68,7 +68,8 @@ import traceback
 from dataclasses import replace
 from typing import Any, Dict, Optional, Sequence
 
-__all__ = ["run_bench", "spec_from_args", "parse_args", "main", "DEFAULTS"]
+__all__ = ["run_bench", "spec_from_args", "parse_args", "main", "DEFAULTS", "run_layout",
+           "build_runner", "rank_batch"]
 
 DEFAULTS = dict(steps=40, warmup=5, dtype="fp32")
 _DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -176,8 +177,10 @@ def _import_runtime(mode: str) -> None:
         import megatron.core  # noqa: F401
 
 
-def _layout(spec) -> Dict[str, int]:
-    """TP/PP/DP, this rank's batch and the number of micro-batches; ConfigError if unsupported."""
+def run_layout(spec) -> Dict[str, int]:
+    """TP/PP/DP, this rank's batch and the number of micro-batches (``tp pp dp local_batch
+    micro_batch microbatches``); ``ConfigError`` if the run is unsupported (the simulator,
+    :mod:`end2end.simulate`, checks a line with the same call)."""
     from slapo.errors import ConfigError
 
     from end2end.driver.pipeline_plan import check_pipeline_mode, default_micro_batch
@@ -205,7 +208,10 @@ def _layout(spec) -> Dict[str, int]:
                 microbatches=local // micro)
 
 
-def _make_runner(spec, layout: Dict[str, int], torch_dtype, device):
+def build_runner(spec, layout: Dict[str, int], torch_dtype, device):
+    """The run's :class:`~end2end.driver.runtimes.Runner` on ``device``: the zoo model (or its
+    config for modes that build their own), the Slapo schedule and knobs (with the pipeline
+    cuts when ``layout["pp"]`` > 1), the mode's runtime (step 3 of the module docstring)."""
     from end2end.spec.knobs import parse_knobs
     from end2end.models import build_hf_config, build_model, get_model_spec, make_inputs
     from end2end.driver.pipeline_plan import deepspeed_pipeline_config, pipeline_knobs
@@ -286,9 +292,9 @@ def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict
                                                                          args.gemm_seconds)
     low = torch_dtype if spec.dtype != "fp32" else None
     built = time.perf_counter()
-    runner = _make_runner(spec, layout, low, env.device)
+    runner = build_runner(spec, layout, low, env.device)
     extra["build_seconds"] = round(time.perf_counter() - built, 3)
-    batch = _batch(spec, layout, env, low)
+    batch = rank_batch(spec, layout, env, low)
     timed = _train(runner, batch, spec, args, memory, env, extra)
     del runner, batch
     return _metrics(spec, layout, timed, peak, extra)
@@ -311,7 +317,7 @@ def _gemm_rate(device, dtype, seconds: float) -> float:
     return all_reduce_float(max(rates), "avg")
 
 
-def _batch(spec, layout: Dict[str, int], env, dtype):
+def rank_batch(spec, layout: Dict[str, int], env, dtype):
     """This rank's synthetic batch: one per data-parallel replica (TP fastest, then DP)."""
     import torch
 
@@ -321,6 +327,10 @@ def _batch(spec, layout: Dict[str, int], env, dtype):
     gen = torch.Generator().manual_seed(1000 + replica)
     return make_inputs(get_model_spec(spec.model), layout["local_batch"], spec.seq_len,
                        spec.dec_seq_len, generator=gen, device=env.device, dtype=dtype)
+
+
+# the names other modules used before these became public (end2end.driver.ab, tests)
+_layout, _make_runner, _batch = run_layout, build_runner, rank_batch
 
 
 def _train(runner, batch, spec, args: argparse.Namespace, memory, env,
@@ -407,7 +417,7 @@ def run_bench(args: argparse.Namespace) -> int:
         if args.device == "cuda" and env.device.type != "cuda":
             raise RuntimeError("--device cuda but no CUDA device is available")
         extra["loadavg_start"] = list(os.getloadavg())
-        values = _measure(spec, _layout(spec), args, extra)
+        values = _measure(spec, run_layout(spec), args, extra)
         status, error = "ok", ""
     except Exception as exc:  # noqa: BLE001  (every failure becomes a row)
         status = "oom" if is_oom(exc) else "fail"

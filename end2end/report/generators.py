@@ -9,6 +9,8 @@
                            PyTorch-peers systems only
 ``best FILE``              per workload and rank count, the best Slapo bar against the best
                            baseline bar (the paper's conclusion), each at its best setting
+``tsv FILE``               a plain TSV with a header line as a table (with the count of each
+                           ``status`` when it has that column)
 ``provenance FILE``        one line saying where the numbers of ``FILE`` come from: the
                            date and UTC time span of its rows, the machine (CPU model and
                            cores) and commit(s) from its ``# env`` header and rows, the package
@@ -137,6 +139,31 @@ def _best(root: Path, args: Sequence[str]) -> str:
     return "\n".join(lines) + ("\n\nEach side at its best system and setting (batch, ckpt), as "
                                "the paper's Figure 7 compares; samples/s are medians over the "
                                "rounds, the ratio as in the table above.")
+
+
+@generator("tsv")
+def _tsv(root: Path, args: Sequence[str]) -> str:
+    """A plain TSV with a header line as a Markdown table (``|`` escaped), preceded by the count
+    of each value of its ``status`` column when it has one."""
+    path = _results_path(root, args, "tsv")
+    lines = [line.split("\t") for line in path.read_text().splitlines() if line.strip()]
+    if len(lines) < 2:
+        raise ReportError(f"{path.name} has no header line and rows",
+                          hint="first line: the column names, tab-separated")
+    head, rows = lines[0], lines[1:]
+    cell = [[c.replace("|", "\\|") for c in row + [""] * (len(head) - len(row))]
+            for row in rows]
+    out = []
+    if "status" in head:
+        counts: Dict[str, int] = {}
+        for row in cell:
+            counts[row[head.index("status")]] = counts.get(row[head.index("status")], 0) + 1
+        out.append(", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+                   + f" (of {len(cell)})\n")
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "---|" * len(head))
+    out += ["| " + " | ".join(row[:len(head)]) + " |" for row in cell]
+    return "\n".join(out)
 
 
 @generator("provenance")

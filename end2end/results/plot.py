@@ -75,8 +75,10 @@ def _bar(ax, pos: float, width: float, impl: str, cell: Cell, ref: Optional[Cell
                     textcoords="offset points", ha="center", va="bottom", fontsize=7)
 
 
-def make_figure(table: Table, x_label: str = "# GPUs", title: str = "", groups=GROUPS):
-    """A matplotlib Figure: one bar panel per model (see the module docstring)."""
+def make_figure(table: Table, x_label: str = "# GPUs", title: str = "", groups=GROUPS,
+                predicted: bool = False):
+    """A matplotlib Figure: one bar panel per model (see the module docstring); ``predicted``:
+    simulated rows, every system's legend entry says "(predicted)"."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,7 +122,7 @@ def make_figure(table: Table, x_label: str = "# GPUs", title: str = "", groups=G
 
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=_color(i), edgecolor="white",
                              hatch="//" if i != base_system(i) else None) for i in systems]
-    labels = [label_of(i) for i in systems]
+    labels = [label_of(i) + (" (predicted)" if predicted else "") for i in systems]
     handles += [Line2D([], [], marker="x", color="#333333", linestyle="none", markersize=8,
                        markeredgewidth=2.5),
                 Line2D([], [], marker="x", color="#aaaaaa", linestyle="none", markersize=5)]
@@ -165,7 +167,7 @@ def plot_results(paths: Sequence[Union[str, Path]], out_prefix: Union[str, Path]
         title = f"{title} (predicted)".strip()
     on_cpu = devices and all(d.lower().startswith("cpu") for d in devices)
     fig = make_figure(table, x_label="# ranks" if on_cpu else "# GPUs", title=title,
-                      groups=PEER_GROUPS if peers else GROUPS)
+                      groups=PEER_GROUPS if peers else GROUPS, predicted=is_predicted(rows))
     out = Path(out_prefix)
     if out.suffix in (".png", ".pdf"):
         out = out.with_suffix("")

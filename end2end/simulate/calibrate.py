@@ -2,9 +2,11 @@
 
 Measured: the GEMM rate per dtype (:func:`end2end.models.flops.measure_gemm_flops`, 1024^3, best
 of three windows), the memory bandwidth (a large tensor copy) and the all-reduce latency and
-bandwidth between two local gloo ranks (``slapo.testing.run_distributed``). The efficiency
-factors are 1 (the measured rates are already what kernels reach) except
-``memory_efficiency``; nothing else is fitted.
+bandwidth between two local gloo ranks (``slapo.testing.run_distributed``), and how far the
+driver's CPU memory measurement (the RSS high-water mark over a baseline) exceeds the live bytes
+the simulator counts, from one real run (:data:`MEMORY_REFERENCE`, :func:`memory_overhead`;
+the profile's ``measured_overhead``). The efficiency factors are 1 (the measured rates are
+already what kernels reach) except ``memory_efficiency``; nothing else is fitted.
 """
 
 from __future__ import annotations
@@ -61,6 +63,57 @@ def _allreduce_worker() -> Dict[str, float]:
     return dict(alpha_s=latency, bandwidth=big.numel() * 4 / max(per_call - latency, 1e-9))
 
 
+# the one real run that calibrates how far the CPU's memory measurement (RSS) exceeds live tensors
+MEMORY_REFERENCE = ("slapo", "cpu/bert", 1, 256, 8)
+
+
+def measured_peak(mode: str, model: str, n: int, seq: int, batch: int, results: Path) -> float:
+    """Peak memory per rank (bytes) of a real driver run (``python -m end2end.bench``, two
+    steps after one warm-up, ``torchrun`` for ``n`` > 1): the row's ``PerGPUMem``."""
+    import subprocess
+    import sys
+
+    from end2end.results.store import read_results
+
+    launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={n}"] if n > 1 else [sys.executable])
+    cmd = launch + ["-m", "end2end.bench", "--mode", mode, "--model", model, "--seq-len",
+                    str(seq), "--dec-seq-len", "0", "--batch-size", str(batch), "--ckpt", "0",
+                    "--steps", "2", "--warmup", "1", "--results", str(results), "--device",
+                    "cpu", "--peak-tflops", "1"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    subprocess.run(cmd, capture_output=True, env=env, timeout=600, check=False)
+    rows = [r for r in read_results(results).rows if r.impl == mode and r.ngpu == n]
+    if not rows or rows[-1].status != "ok":
+        raise RuntimeError(f"the reference run {' '.join(cmd)} wrote no ok row")
+    return rows[-1].per_gpu_mem * 1e9
+
+
+def simulated_peak(mode: str, model: str, n: int, seq: int, batch: int) -> float:
+    """The simulator's peak of live bytes on rank 0 of the same run (this CPU's kernels), in
+    this process (which should simulate nothing else: :mod:`end2end.simulate.isolated`)."""
+    from end2end.driver.bench import run_layout
+    from end2end.simulate.microbatches import simulate_role
+    from end2end.spec.config_file import make_run_spec
+
+    spec = make_run_spec(mode, model, n, seq, 0, batch, "0", steps=2, warmup=1, dtype="fp32")
+    return float(simulate_role(spec, run_layout(spec), 0).memory["peak"])
+
+
+def memory_overhead() -> float:
+    """How far this machine's memory measurement exceeds the simulated live bytes, as a
+    fraction: ``measured / simulated - 1`` on :data:`MEMORY_REFERENCE` (glibc's heap kept by
+    ``slapo.keep_freed_memory``, fragmentation, the runtime's pages touched by the first step:
+    what RSS sees and tensors do not)."""
+    import tempfile
+
+    from end2end.simulate.isolated import isolated
+
+    with tempfile.TemporaryDirectory() as tmp:
+        real = measured_peak(*MEMORY_REFERENCE, Path(tmp) / "reference.tsv")
+    return real / isolated("end2end.simulate.calibrate.simulated_peak", *MEMORY_REFERENCE) - 1
+
+
 def measure_cpu() -> Dict[str, float]:
     """Measure this machine (see the module docstring)."""
     from end2end.models.flops import measure_gemm_flops
@@ -71,6 +124,7 @@ def measure_cpu() -> Dict[str, float]:
     flops["float16"] = flops["bfloat16"]
     comm = _gloo_allreduce()
     return dict(flops=flops, memory_bandwidth=_copy_bandwidth(), **comm,
+                memory_overhead=memory_overhead(),
                 threads=torch.get_num_threads(), measured=time.strftime("%Y-%m-%d %H:%M"))
 
 
@@ -92,4 +146,5 @@ def cpu_profile(cache: Optional[str] = None, recalibrate: bool = False):
                       gpus_per_node=64),
         gemm_efficiency=1.0, memory_efficiency=0.8, kernel_overhead_s=2e-6,
         link_efficiency=1.0, alpha_s=data["alpha_s"], inter_alpha_s=data["alpha_s"],
-        allocator_overhead=0.0, reserved_bytes=0.0)
+        allocator_overhead=0.0, reserved_bytes=0.0,
+        measured_overhead=data.get("memory_overhead", 0.0))

@@ -10,6 +10,14 @@ allocating a byte of its tensors. Two things of torch 2.13 need help, only insid
 * ``Module.to(dtype)`` swaps fake parameters with ``torch.utils.swap_tensors``, which refuses a
   tensor that fake mode holds a weak reference to; the conversion then falls back to
   ``param.data = new`` (what ``Module._apply`` does for real tensors).
+* a pipeline stage receives ints and shapes packed into small tensors
+  (:func:`slapo.pipeline.values.pack_value`) and reads them back: fake mode keeps the values of
+  tensors made from Python data up to ``CONSTANT_NUMEL_LIMIT`` elements (1 by default; 64
+  here, enough for a shape), so they read back as themselves.
+* DDP checks at start-up, in C++ on the tensors' data, that all ranks hold the same parameter
+  shapes; fake tensors have no data, and the simulated ranks run the same code: skipped. Its
+  gradient buckets are all-reduced by a comm hook that calls ``dist.all_reduce`` (recorded as
+  any collective), since the fake group's C++ work completes without the tensor DDP expects.
 * megatron-core asks for extra ``gloo`` groups (``new_group(backend="gloo")``), which cannot be
   made on a fake world; every group is made with the world's (fake) backend.
 """
@@ -46,6 +54,30 @@ def _fake_backend_group(original):
     return new_group
 
 
+def _same_shapes_everywhere(process_group, tensors, logger=None) -> None:
+    """DDP's start-up check that every rank has the same parameter shapes reads the tensors'
+    data in C++ (fake tensors have none); the ranks of a simulation are the same code by
+    construction."""
+
+
+def _fake_allreduce_hook(state, bucket):
+    """DDP's gradient bucket all-reduce as a Python collective: the fake group's own C++ work
+    completes with no tensor, which DDP's reducer refuses."""
+    buffer = bucket.buffer()
+    dist.all_reduce(buffer)
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+def _with_fake_allreduce(original):
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.register_comm_hook(None, _fake_allreduce_hook)
+
+    return init
+
+
 @contextlib.contextmanager
 def _patched(obj, name: str, value) -> Iterator[None]:
     old = getattr(obj, name)
@@ -63,6 +95,7 @@ def fake_world(rank: int, world_size: int) -> Iterator[torch._subclasses.FakeTen
     The default process group is destroyed on exit; megatron/DeepSpeed state is left to
     :func:`slapo.runtime.distributed.teardown`, which the caller runs.
     """
+    from torch._subclasses import fake_tensor
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -78,6 +111,14 @@ def fake_world(rank: int, world_size: int) -> Iterator[torch._subclasses.FakeTen
             stack.enter_context(_patched(torch.utils, "swap_tensors",
                                          _swap_or_set(torch.utils.swap_tensors)))
             stack.enter_context(_patched(dist, "new_group", _fake_backend_group(dist.new_group)))
+            stack.enter_context(_patched(fake_tensor, "CONSTANT_NUMEL_LIMIT", 64))
+            from torch.nn.parallel import distributed as ddp
+
+            stack.enter_context(_patched(ddp, "_verify_param_shape_across_processes",
+                                         _same_shapes_everywhere))
+            stack.enter_context(_patched(ddp.DistributedDataParallel, "__init__",
+                                         _with_fake_allreduce(ddp.DistributedDataParallel
+                                                              .__init__)))
             yield stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
     finally:
         from slapo.runtime.distributed import teardown

@@ -21,8 +21,12 @@ engine holds it), and replaces what ZeRO-3 changes by its model (:func:`zero3_me
 Pipelines (``--pp`` > 1) of ``slapo-deepspeed`` run as DeepSpeed pipelines; the simulator builds
 the same schedule with the same stage cuts and runs the rank's stage on slapo's torch pipeline
 (:mod:`slapo.dialects.torch_pipeline`) instead, on fake tensors: its stage's parameters,
-activations for the same micro-batches and its point-to-point transfers are the ones recorded.
-The rows say ``modelled: ...`` in their JSON ``extra`` and the docs (docs/simulate.md) list this.
+activations for the same micro-batches and its point-to-point transfers are the ones recorded;
+the peak memory counts the micro-batches DeepSpeed's 1F1B order keeps in flight on the stage,
+``min(M, P - stage)`` (:mod:`end2end.simulate.microbatches`), and in fp16/bf16 the stage is cast
+as DeepSpeed's engine holds it, with its optimizer states (ZeRO stage 0: fp32 master weights and
+two fp32 moments, ``12 x P`` bytes) in place of the simulated AdamW's. The rows say
+``modelled: ...`` in their JSON ``extra`` and the docs (docs/simulate.md) list this.
 """
 
 from __future__ import annotations
@@ -75,7 +79,10 @@ class Modelled:
 
     def finish(self, result, runner) -> None:
         result.modelled = self.text
-        if self.spec.framework != "deepspeed" or self.layout["pp"] > 1:
+        if self.spec.framework != "deepspeed":
+            return
+        if self.layout["pp"] > 1:
+            _pipeline_master_states(result, (self.spec.dtype or "fp32") != "fp32")
             return
         import torch.distributed as dist
 
@@ -92,6 +99,18 @@ class Modelled:
         ranks = tuple(range(dist.get_world_size()))
         recompute = self.spec.ckpt not in ("0", "0.0")
         result.collectives.extend(zero3_collectives(params, ranks, low, recompute))
+
+
+def _pipeline_master_states(result, low_precision: bool) -> None:
+    """A DeepSpeed pipeline's optimizer states (ZeRO stage 0): in fp16/bf16 an fp32 master copy
+    and Adam's two fp32 moments, ``12 x P`` bytes, where the simulated AdamW on the cast stage
+    kept two low-precision moments; the peak moves by the difference."""
+    if not low_precision:
+        return
+    mem = result.memory
+    states = 12 * result.parameters
+    mem["peak"] += states - mem["optstate"]
+    mem["optstate"] = states
 
 
 def _zero3_builder(request):
@@ -115,6 +134,8 @@ def _torch_pipeline(request, sch):
 
     from end2end.driver.runtimes import Runner
 
+    if request.low_precision:  # DeepSpeed's fp16/bf16 engine trains the model cast
+        sch.mod.to(request.dtype)
     model, opt = slapo.build(sch, target="torch", optimizer=request.optimizer,
                              n_microbatches=request.num_microbatches)
     return Runner(request.mode.name, model, opt, model.train_step)
@@ -131,8 +152,8 @@ def modelled_builders(spec, layout: dict) -> Iterator[Modelled]:
     if spec.framework == "deepspeed":
         if layout["pp"] > 1:
             builders.pipeline_runner = _torch_pipeline
-            state.text = ("DeepSpeed pipeline simulated as slapo's torch pipeline (GPipe) of "
-                          "the same stages")
+            state.text = ("DeepSpeed pipeline simulated as slapo's torch pipeline of the same "
+                          "stages; memory for 1F1B's min(M, P - stage) micro-batches in flight")
         else:
             runtimes.BUILDERS[spec.mode] = _zero3_builder
             state.text = ("ZeRO-3 modelled: states / DP, prefetched all-gathers, "

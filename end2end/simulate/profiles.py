@@ -11,7 +11,11 @@ and models alike (never tuned per config or figure):
 * ``link_efficiency``: the fraction of a link's bandwidth a ring collective reaches (0.8), with
   the latency ``alpha_s`` per step;
 * ``allocator_overhead``: the caching allocator's fragmentation and reserve on top of the peak of
-  live tensors (10 %, plus ``reserved_bytes`` for the CUDA context and workspaces).
+  live tensors (10 %, plus ``reserved_bytes`` for the CUDA context and workspaces);
+* ``measured_overhead``: how far the driver's memory measurement exceeds the live tensors, as
+  a fraction (0 on GPUs: ``torch.cuda.max_memory_allocated`` counts live tensors; on ``cpu``
+  the RSS high-water mark, calibrated by one real run): the predicted ``PerGPUMem`` is
+  ``peak x (1 + measured_overhead)``, comparable with a measured row.
 
 ``cpu`` is this machine, measured (:mod:`end2end.simulate.calibrate`) and cached.
 """
@@ -48,6 +52,7 @@ class DeviceProfile:
     inter_alpha_s: float = 30e-6
     allocator_overhead: float = 0.10
     reserved_bytes: float = 1.0 * GB
+    measured_overhead: float = 0.0
 
     def rate(self, dtype: str) -> float:
         """Peak FLOP/s of ``dtype`` (float32 for dtypes without a table entry)."""

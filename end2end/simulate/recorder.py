@@ -8,7 +8,8 @@ tensor inputs and outputs; views move nothing), the dtype and the phase (``forwa
 ``backward`` or ``optimizer``); per collective (the ops of
 :mod:`torch.distributed._tools.fake_collectives`) its kind, bytes, group size, the global ranks
 of its group and the phase. A scalar read back from a fake tensor (``loss.item()``, Adam's step
-count) reads as 1.0: the values are meaningless, the shapes are not.
+count) reads as 1 (1.0 for floating point) unless fake mode knows it (a constant, e.g. a size
+that a pipeline stage packs into a tensor): the values are meaningless, the shapes are not.
 
 Memory: the recorder keeps the bytes of every storage an op creates while it lives (a weak
 reference per storage, freed when Python frees it) and their peak over the step; the caller adds
@@ -27,29 +28,33 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["OpRecord", "CollectiveRecord", "StepRecorder"]
+__all__ = ["OpRecord", "CollectiveRecord", "StepRecorder", "work_totals"]
 
 
 @dataclasses.dataclass(frozen=True)
 class OpRecord:
-    """One kernel: FLOPs, bytes read + written, dtype name, phase."""
+    """One kernel: FLOPs, bytes read + written, dtype name, phase; ``weight``: how many times it
+    counts (1 as recorded; micro-batch extrapolation, :mod:`end2end.simulate.microbatches`,
+    weighs whole recorded steps)."""
 
     flops: int
     bytes: int
     dtype: str
     phase: str
+    weight: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
 class CollectiveRecord:
     """One collective: kind (``allreduce``, ``allgather``, ...), bytes of this rank's tensor,
-    the group's size and global ranks, phase."""
+    the group's size and global ranks, phase; ``weight`` as for :class:`OpRecord`."""
 
     kind: str
     bytes: int
     group_size: int
     ranks: Tuple[int, ...]
     phase: str
+    weight: float = 1.0
 
 
 _SCALAR = torch.ops.aten._local_scalar_dense.default
@@ -100,8 +105,11 @@ class StepRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is _SCALAR:
-            return 1.0
+        if func is _SCALAR:  # a known constant (e.g. a size packed into a tensor) reads as
+            try:               # itself; a computed value as 1
+                return func(*args, **kwargs)
+            except Exception:  # noqa: BLE001  (fake tensors: data-dependent output)
+                return 1.0 if args[0].dtype.is_floating_point else 1
         out = func(*args, **kwargs)
         self._allocate(_tensors(out))
         if func in self._collective_ops:
@@ -147,11 +155,16 @@ class StepRecorder(TorchDispatchMode):
 
     def totals(self) -> Dict[str, float]:
         """FLOPs and bytes per phase, collectives' bytes per kind (for the row's JSON)."""
-        out: Dict[str, float] = {}
-        for op in self.ops:
-            out[f"flops_{op.phase}"] = out.get(f"flops_{op.phase}", 0) + op.flops
-            out[f"bytes_{op.phase}"] = out.get(f"bytes_{op.phase}", 0) + op.bytes
-        for c in self.collectives:
-            out[f"comm_{c.kind}_bytes"] = out.get(f"comm_{c.kind}_bytes", 0) + c.bytes
-            out[f"comm_{c.kind}_calls"] = out.get(f"comm_{c.kind}_calls", 0) + 1
-        return out
+        return work_totals(self.ops, self.collectives)
+
+
+def work_totals(ops, collectives) -> Dict[str, float]:
+    """FLOPs and bytes per phase, collectives' bytes and calls per kind, weights applied."""
+    out: Dict[str, float] = {}
+    for op in ops:
+        out[f"flops_{op.phase}"] = out.get(f"flops_{op.phase}", 0) + op.flops * op.weight
+        out[f"bytes_{op.phase}"] = out.get(f"bytes_{op.phase}", 0) + op.bytes * op.weight
+    for c in collectives:
+        out[f"comm_{c.kind}_bytes"] = out.get(f"comm_{c.kind}_bytes", 0) + c.bytes * c.weight
+        out[f"comm_{c.kind}_calls"] = out.get(f"comm_{c.kind}_calls", 0) + c.weight
+    return out

@@ -47,14 +47,16 @@ def roles(layout: Dict[str, int]) -> List[int]:
 def simulate_in_process(spec, profile) -> Dict[str, Any]:
     """Simulate ``spec`` in this process: the row's fields (``status``, metrics, ``error``,
     ``extra``). A failure is a ``fail`` row (or ``oom``: an OOM raised while building)."""
-    from end2end.driver.bench import _layout
+    from end2end.driver.bench import run_layout
     from end2end.driver.measure import is_oom
-    from end2end.simulate.step import simulate_rank
+    from end2end.simulate.microbatches import simulate_role
 
     began = time.perf_counter()
     try:
-        layout = _layout(spec)
-        results = [simulate_rank(spec, layout, r) for r in roles(layout)]
+        layout = run_layout(spec)
+        gpu = profile.name != "cpu"
+        ranks = roles(layout)
+        results = [simulate_role(spec, layout, r, gpu, isolate=len(ranks) > 1) for r in ranks]
     except Exception as exc:  # noqa: BLE001  (every failure becomes a row, as in the driver)
         return dict(status="oom" if is_oom(exc) else "fail",
                     error=f"rank 0: {type(exc).__name__}: {exc}",
@@ -85,13 +87,17 @@ def _values(spec, layout, results, profile) -> Dict[str, Any]:
         f"{profile.allocator_overhead:.0%} allocator overhead + "
         f"{profile.reserved_bytes / 1e9:.1f} GB reserved) > {profile.memory_bytes / 1e9:.0f} GB")
     extra = dict(simulated=True, profile=profile.name, modelled=results[0].modelled,
+                 extrapolated=results[0].extrapolated,
+                 attention="fused (CUDA memory-efficient kernel)" if profile.name != "cpu"
+                 else "as on this CPU",
                  layout=layout, roles=[r.rank for r in results],
                  memory=[r.memory for r in results], timing=per_rank,
                  totals=[r.totals for r in results], needed_bytes=need,
                  collectives=[_collective_summary(r.collectives, kinds) for r in results],
                  train_flops_per_sample=flops)
     return dict(status=status, error=error, thrpt=thrpt, step_time=step,
-                per_gpu_mem=peak / 1e9, per_gpu_param=max(r.parameters for r in results) / 1e6,
+                per_gpu_mem=peak * (1 + profile.measured_overhead) / 1e9,
+                per_gpu_param=max(r.parameters for r in results) / 1e6,
                 per_gpu_tflops=tflops_per_rank(thrpt, flops, spec.n),
                 mfu=mfu(thrpt, flops, spec.n, rate), peak_tflops=rate / 1e12, extra=extra)
 
@@ -103,8 +109,8 @@ def _collective_summary(collectives, overlapped) -> List[Dict[str, Any]]:
         key = (c.kind, c.group_size, c.phase)
         g = groups.setdefault(key, dict(kind=c.kind, group_size=c.group_size, phase=c.phase,
                                         calls=0, bytes=0, overlapped=c.kind in overlapped))
-        g["calls"] += 1
-        g["bytes"] += c.bytes
+        g["calls"] += c.weight
+        g["bytes"] += c.bytes * c.weight
     return list(groups.values())
 
 

@@ -1,9 +1,9 @@
 """One rank's training step at its real size, through the driver's own code, on fake tensors.
 
 :func:`simulate_rank` takes a validated :class:`~end2end.spec.runspec.RunSpec` and its layout
-(:func:`end2end.driver.bench._layout`, which raises the same ``ConfigError`` as a real run),
+(:func:`end2end.driver.bench.run_layout`, which raises the same ``ConfigError`` as a real run),
 enters :func:`~end2end.simulate.fake_world.fake_world` as one global rank, and builds the run
-exactly as the driver does (``end2end.driver.bench._make_runner``: zoo model, schedule and
+exactly as the driver does (``end2end.driver.bench.build_runner``: zoo model, schedule and
 knobs, ``make_runner`` and the mode's builder), except for the runtimes that cannot run on fake
 tensors, whose builders :mod:`end2end.simulate.modelled` replaces for the duration. Then one
 training step (forward, backward, optimizer step: ``runner.train_step``) runs under
@@ -12,6 +12,7 @@ training step (forward, backward, optimizer step: ``runner.train_step``) runs un
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any, Dict, List
 
@@ -19,7 +20,7 @@ import torch
 
 from end2end.simulate.recorder import CollectiveRecord, OpRecord, StepRecorder
 
-__all__ = ["RankResult", "simulate_rank"]
+__all__ = ["RankResult", "simulate_rank", "simulate_rank_isolated", "rank_result_from_json"]
 
 _DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -29,7 +30,8 @@ class RankResult:
     """What one simulated rank did: its ops and collectives, its memory by category (bytes:
     ``param``, ``grad``, ``optstate``, ``activation``, ``peak``), its parameters (elements) and
     what the modelled runtime (if any) added (``modelled``: a short text, "" when the real
-    runtime ran)."""
+    runtime ran); ``extrapolated`` says how a many-micro-batch step was derived
+    (:mod:`end2end.simulate.microbatches`; empty when simulated as it is)."""
 
     rank: int
     ops: List[OpRecord]
@@ -38,6 +40,7 @@ class RankResult:
     parameters: int
     modelled: str = ""
     totals: Dict[str, float] = dataclasses.field(default_factory=dict)
+    extrapolated: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _storage_bytes(tensors) -> int:
@@ -61,11 +64,14 @@ def _resident(runner) -> Dict[str, int]:
                 optstate=_storage_bytes(states))
 
 
-def simulate_rank(spec, layout: Dict[str, int], rank: int) -> RankResult:
-    """Build and step global rank ``rank`` of ``spec`` on a fake world of ``spec.n`` ranks."""
-    from end2end.driver.bench import _batch, _make_runner
+def simulate_rank(spec, layout: Dict[str, int], rank: int, gpu: bool = False) -> RankResult:
+    """Build and step global rank ``rank`` of ``spec`` on a fake world of ``spec.n`` ranks;
+    ``gpu``: attention runs as CUDA's fused kernel (:mod:`end2end.simulate.kernels`), else as
+    on this CPU."""
+    from end2end.driver.bench import build_runner, rank_batch
     from end2end.driver.measure import local_parameters
     from end2end.simulate.fake_world import fake_world
+    from end2end.simulate.kernels import GpuAttention
     from end2end.simulate.modelled import modelled_builders
 
     from slapo.runtime.distributed import init_distributed
@@ -73,13 +79,13 @@ def simulate_rank(spec, layout: Dict[str, int], rank: int) -> RankResult:
     dtype = _DTYPES[spec.dtype or "fp32"]
     with fake_world(rank, spec.n), modelled_builders(spec, layout) as modelled:
         env = init_distributed()
-        runner = _make_runner(spec, layout, dtype, env.device)
-        batch = _batch(spec, layout, env, dtype)
+        runner = build_runner(spec, layout, dtype, env.device)
+        batch = rank_batch(spec, layout, env, dtype)
         before = _resident(runner)
         recorder = StepRecorder()
         hooks = _optimizer_phase(recorder)
         try:
-            with recorder:
+            with recorder, (GpuAttention() if gpu else contextlib.nullcontext()):
                 runner.train_step(batch)
         finally:
             for h in hooks:
@@ -107,3 +113,29 @@ def _optimizer_phase(recorder: StepRecorder) -> List[Any]:
         recorder.phase = "forward"
 
     return [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+
+
+def _rank_json(spec_json: str, layout: Dict[str, int], rank: int, gpu: bool) -> Dict[str, Any]:
+    """:func:`simulate_rank` of a JSON RunSpec, as JSON (for :func:`simulate_rank_isolated`)."""
+    from end2end.simulate.run import spec_from_json
+
+    return dataclasses.asdict(simulate_rank(spec_from_json(spec_json), layout, rank, gpu))
+
+
+def rank_result_from_json(data: Dict[str, Any]) -> RankResult:
+    """The :class:`RankResult` of ``dataclasses.asdict(result)``."""
+    data = dict(data, ops=[OpRecord(**o) for o in data["ops"]],
+                collectives=[CollectiveRecord(**dict(c, ranks=tuple(c["ranks"])))
+                             for c in data["collectives"]])
+    return RankResult(**data)
+
+
+def simulate_rank_isolated(spec, layout: Dict[str, int], rank: int, gpu: bool = False
+                           ) -> RankResult:
+    """:func:`simulate_rank` in a fresh process (:mod:`end2end.simulate.isolated`): for a run
+    that needs several simulations (pipeline stages, micro-batch extrapolation)."""
+    from end2end.simulate.isolated import isolated
+    from end2end.simulate.run import spec_to_json
+
+    return rank_result_from_json(isolated("end2end.simulate.step._rank_json",
+                                          spec_to_json(spec), layout, rank, gpu))

@@ -46,7 +46,7 @@ def compute_seconds(ops: Iterable[OpRecord], profile: DeviceProfile) -> Dict[str
     for op in ops:
         rate = profile.rate(op.dtype) * profile.gemm_efficiency
         t = max(op.flops / rate, op.bytes / bw) + profile.kernel_overhead_s
-        out[op.phase] = out.get(op.phase, 0.0) + t
+        out[op.phase] = out.get(op.phase, 0.0) + t * op.weight
     return out
 
 
@@ -76,7 +76,7 @@ def rank_seconds(ops, collectives, profile: DeviceProfile, overlapped: Set[str]
     exposed, hidden = 0.0, 0.0
     per_phase: Dict[str, float] = {}
     for c in collectives:
-        t = collective_seconds(c, profile)
+        t = collective_seconds(c, profile) * c.weight
         if c.kind in overlapped:
             per_phase[c.phase] = per_phase.get(c.phase, 0.0) + t
         else:

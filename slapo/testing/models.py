@@ -217,9 +217,30 @@ def tiny_plan_config(model_type: str, **overrides: Any):
     if "use_cache" in defaults:
         kw["use_cache"] = False  # training; hybrid linear-attention caches refuse a plain call
     kw.update({k: v for k, v in _family_fixes(model_type, defaults).items() if k in defaults})
+    kw.update(_tiny_sub_configs(cls))
     kw.update(overrides)
     dropped = {k for k, v in _family_fixes(model_type, defaults).items() if v is None}
     return cls(**{k: v for k, v in kw.items() if v is not None or k not in dropped})
+
+
+def _tiny_sub_configs(cls) -> Dict[str, Any]:
+    """A composite config's sub-configs (Llama 4's text and vision models, Phi-4-multimodal's
+    audio and vision towers) shrunk the same way, as dicts: otherwise the towers keep their
+    published sizes (GBs) inside a tiny model."""
+    subs: Dict[str, Any] = {}
+    for name, sub in (getattr(cls, "sub_configs", None) or {}).items():
+        if not isinstance(sub, type):
+            continue
+        defaults = sub().to_dict()
+        aliases = dict(getattr(sub, "attribute_map", {}) or {})
+        tiny = {aliases.get(k, k): v for k, v in _TINY_PLAN_SIZES.items()
+                if aliases.get(k, k) in defaults}
+        layers, new_layers = defaults.get("num_hidden_layers"), tiny.get("num_hidden_layers")
+        if isinstance(layers, int) and new_layers:  # per-layer lists (layer_types ...) cut too
+            tiny.update({k: v[:new_layers] for k, v in defaults.items()
+                         if isinstance(v, list) and len(v) == layers and k not in tiny})
+        subs[name] = {**defaults, **tiny}
+    return subs
 
 
 def tiny_plan_model(model_type: str, seed: int = 0, **overrides: Any) -> nn.Module:

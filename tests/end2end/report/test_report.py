@@ -119,3 +119,13 @@ def test_the_best_block_compares_each_sides_best_bar(tmp_path):
     update([doc], root=tmp_path)
     row = [line for line in doc.read_text().splitlines() if line.startswith("| `tiny")]
     assert row == ["| `tiny/llama` (16), 1 | Slapo 2.05 | FSDP2 1.55 | 1.32x (1.31-1.33) |"], row
+
+
+def test_a_tsv_block_counts_statuses_and_escapes_pipes(tmp_path):
+    path = tmp_path / "docs" / "results" / "sweep.tsv"
+    path.parent.mkdir(parents=True)
+    path.write_text("family\tstatus\treason\nllama\tok\t\nbeam\trefused\ta | b\n")
+    doc = _doc(tmp_path, "<!-- report: tsv docs/results/sweep.tsv -->\n<!-- /report -->\n")
+    update([doc], root=tmp_path)
+    text = doc.read_text()
+    assert "ok: 1, refused: 1 (of 2)" in text and "| beam | refused | a \\| b |" in text

@@ -21,11 +21,11 @@ def _real_parameters(n: int) -> int:
     """This rank's parameters of a real ``slapo`` run on ``n`` gloo ranks (driver code)."""
     import torch
 
-    from end2end.driver.bench import _layout, _make_runner
+    from end2end.driver.bench import build_runner, run_layout
     from end2end.driver.measure import local_parameters
 
     spec = _spec("slapo", n)
-    runner = _make_runner(spec, _layout(spec), None, torch.device("cpu"))
+    runner = build_runner(spec, run_layout(spec), None, torch.device("cpu"))
     runner.train_step({k: v for k, v in _batch(spec).items()})
     return local_parameters(runner.model)
 
@@ -39,7 +39,7 @@ def _batch(spec):
 def test_fake_tp8_parameters_and_shapes_match_a_real_tp2_run_scaled():
     from slapo.testing import run_distributed
 
-    from end2end.driver.bench import _layout
+    from end2end.driver.bench import run_layout
     from end2end.simulate.step import simulate_rank
 
     from end2end.driver.measure import local_parameters
@@ -51,7 +51,7 @@ def test_fake_tp8_parameters_and_shapes_match_a_real_tp2_run_scaled():
     sharded = 2 * (one - two)  # P = R + S, P2 = R + S / 2
     replicated = one - sharded
     spec = _spec("slapo", 8)
-    fake = simulate_rank(spec, _layout(spec), 0)
+    fake = simulate_rank(spec, run_layout(spec), 0)
     assert fake.parameters == replicated + sharded // 8
     # the TP schedule's collectives: all over the 8-rank group, forward and backward
     assert {c.group_size for c in fake.collectives} == {8}
@@ -103,3 +103,17 @@ def test_simulated_rows_never_enter_a_measured_speedup():
     assert ratio == [4.0]  # predicted / predicted only
     ratio = [s.ratio.value for s in speedups(figure7_table(measured)) if s.system == "slapo"]
     assert ratio == [1.2]
+
+
+def test_a_figure_of_simulated_rows_marks_every_legend_entry_predicted():
+    from end2end.results.plot import make_figure
+    from end2end.results.summary import figure7_table
+
+    predicted = [_row("eager", 5.0, "sim", "v100-32gb (simulated)"),
+                 _row("slapo", 20.0, "sim", "v100-32gb (simulated)")]
+    measured = [_row("eager", 10.0), _row("slapo", 12.0)]
+    for rows, marked in ((predicted, True), (measured, False)):
+        fig = make_figure(figure7_table(rows), predicted=marked)
+        texts = [t.get_text() for t in fig.legends[0].get_texts()]
+        systems = [t for t in texts if t not in ("OOM / failed", "not run")]
+        assert systems and all(t.endswith("(predicted)") == marked for t in systems), texts

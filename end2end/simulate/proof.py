@@ -1,0 +1,186 @@
+"""``python -m end2end.simulate.proof CONFIG [--out DIR] [--repeat R] [--only WORD ...]``: the
+simulator proved on this CPU (issue 25, item 5).
+
+In one job: the config's lines are measured for real (``python -m end2end.sweep CONFIG --device
+cpu``: the driver, interleaved rounds) and simulated with the ``cpu`` profile (``python -m
+end2end.simulate CONFIG --device cpu``, calibrated once and cached), then compared per run
+(measured: the median over rounds):
+
+* peak memory per rank (``PerGPUMem``) and samples/s, predicted vs measured, and the error
+  ``predicted / measured - 1``;
+* over the runs: the median error, the mean absolute percentage error (MAPE), the Spearman rank
+  correlation of samples/s (ranks by pandas; Pearson's correlation of the ranks), the share of
+  runs whose memory is within 25 %;
+* each Slapo mode against its baselines (the table of modes) on the same model, ranks and shape:
+  the measured and the predicted speedup, and whether they point the same way (a measured ratio
+  within 0.9-1.1 is "within noise" and is not judged).
+
+Goals (the issue's): memory within 25 % on at least 80 % of runs; throughput rank correlation
+at least 0.8 and MAPE at most 35 %; every judged pair in the right direction. The report
+(Markdown, with date, machine, commit and command) goes to ``DIR/proof.md`` and stdout; the
+measured and simulated rows stay in ``DIR/measured.tsv`` and ``DIR/simulated.tsv`` (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+__all__ = ["main", "compare", "summarise", "pairs", "report"]
+
+KEY = ["Impl", "Model", "Seq", "DecSeq", "nGPU", "Batch", "Ckpt", "Knobs"]
+GOALS = dict(memory_within=0.25, memory_share=0.8, spearman=0.8, mape=0.35, noise=(0.9, 1.1))
+
+
+def _frame(path: Path, statuses: Sequence[str]):
+    """The rows of ``path`` with one of ``statuses``, as a pandas frame (median over rounds)."""
+    import pandas as pd
+
+    from end2end.results.store import read_results
+
+    rows = [r for r in read_results(path).rows if r.status in statuses]
+    frame = pd.DataFrame([dict(Impl=r.impl, Model=r.model, Seq=r.seq, DecSeq=r.dec_seq,
+                               nGPU=r.ngpu, Batch=r.batch, Ckpt=r.ckpt, Knobs=r.knobs or "",
+                               mem=r.per_gpu_mem, thrpt=r.thrpt) for r in rows],
+                         columns=KEY + ["mem", "thrpt"])
+    return frame.groupby(KEY, as_index=False)[["mem", "thrpt"]].median()
+
+
+def compare(measured: Path, simulated: Path):
+    """One frame per run with both a measured (``ok``) and a simulated (``sim``/``sim-oom``)
+    row: ``mem_measured mem_predicted mem_error thrpt_measured thrpt_predicted thrpt_error``."""
+    both = _frame(measured, ("ok",)).merge(_frame(simulated, ("sim", "sim-oom")), on=KEY,
+                                           suffixes=("_measured", "_predicted"))
+    for what in ("mem", "thrpt"):
+        both[f"{what}_error"] = both[f"{what}_predicted"] / both[f"{what}_measured"] - 1
+    return both
+
+
+def summarise(both) -> Dict[str, float]:
+    """Median error, MAPE, Spearman correlation of samples/s, share of memory within 25 %."""
+    out: Dict[str, float] = dict(runs=len(both))
+    for what in ("mem", "thrpt"):
+        err = both[f"{what}_error"]
+        out[f"{what}_median_error"] = float(err.median())
+        out[f"{what}_mape"] = float(err.abs().mean())
+    out["mem_within_25"] = float((both["mem_error"].abs() <= GOALS["memory_within"]).mean())
+    ranks = both[["thrpt_measured", "thrpt_predicted"]].rank()
+    out["thrpt_spearman"] = float(ranks["thrpt_measured"].corr(ranks["thrpt_predicted"]))
+    return out
+
+
+def pairs(both) -> List[Dict[str, object]]:
+    """Every Slapo mode against each of its baselines on the same model, ranks and shape."""
+    from end2end.spec.modes import MODE_TABLE
+
+    out = []
+    index = {tuple(r[k] for k in KEY if k not in ("Impl", "Ckpt", "Knobs", "Batch")) +
+             (r["Impl"],): r for _, r in both.iterrows()}
+    low, high = GOALS["noise"]
+    for key, row in index.items():
+        for base in MODE_TABLE[row["Impl"]].baselines if row["Impl"] in MODE_TABLE else ():
+            other = index.get(key[:-1] + (base,))
+            if other is None:
+                continue
+            measured = row["thrpt_measured"] / other["thrpt_measured"]
+            predicted = row["thrpt_predicted"] / other["thrpt_predicted"]
+            judged = not low <= measured <= high
+            out.append(dict(slapo=row["Impl"], baseline=base, model=row["Model"],
+                            n=int(row["nGPU"]), measured=measured, predicted=predicted,
+                            judged=judged,
+                            same_way=(measured > 1) == (predicted > 1) if judged else None))
+    return out
+
+
+def report(both, summary: Dict[str, float], pair_rows, command: str) -> str:
+    """The Markdown report (module docstring)."""
+    lines = [f"CPU proof of the simulator: {datetime.date.today()}, "
+             f"{_machine()}, commit {_commit()}", "", f"    {command}", "",
+             "| run | mem measured GB | predicted | error | samples/s measured | predicted | "
+             "error |", "|---|---|---|---|---|---|---|"]
+    for _, r in both.iterrows():
+        lines.append(f"| {r['Impl']} {r['Model']} n={r['nGPU']} s={r['Seq']} b={r['Batch']} "
+                     f"ckpt={r['Ckpt']} | {r['mem_measured']:.3f} | {r['mem_predicted']:.3f} | "
+                     f"{r['mem_error']:+.0%} | {r['thrpt_measured']:.3g} | "
+                     f"{r['thrpt_predicted']:.3g} | {r['thrpt_error']:+.0%} |")
+    s = summary
+    lines += ["", f"Runs compared: {s['runs']}. Memory: median error {s['mem_median_error']:+.0%}"
+              f", MAPE {s['mem_mape']:.0%}, within 25 %: {s['mem_within_25']:.0%} of runs "
+              f"(goal >= 80 %). Samples/s: median error {s['thrpt_median_error']:+.0%}, MAPE "
+              f"{s['thrpt_mape']:.0%} (goal <= 35 %), Spearman {s['thrpt_spearman']:.2f} "
+              "(goal >= 0.8).", "", "| pair | model | n | measured | predicted | same way |",
+              "|---|---|---|---|---|---|"]
+    for p in pair_rows:
+        way = "within noise" if not p["judged"] else ("yes" if p["same_way"] else "**no**")
+        lines.append(f"| {p['slapo']} / {p['baseline']} | {p['model']} | {p['n']} | "
+                     f"{p['measured']:.2f}x | {p['predicted']:.2f}x | {way} |")
+    return "\n".join(lines) + "\n"
+
+
+def _machine() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from end2end.cli import HelpFormatter
+
+    p = argparse.ArgumentParser(prog="python -m end2end.simulate.proof",
+                                formatter_class=HelpFormatter, description=__doc__)
+    p.add_argument("config", help="a CPU benchmark config (e.g. end2end/configs/cpu.cfg)")
+    p.add_argument("--out", default=None, help="directory of the rows and the report "
+                   "(default: results/proof-<config>)")
+    p.add_argument("--repeat", type=int, default=3, help="measured rounds (median per run)")
+    p.add_argument("--only", action="append", default=[], metavar="WORD",
+                   help="simulate only runs whose label contains WORD (repeatable)")
+    p.add_argument("--calibrate", action="store_true", help="re-measure the cpu profile")
+    p.add_argument("--calibration", default="", help="the cpu profile's cache file "
+                   "(default: ~/.cache/slapo/cpu_profile.json)")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from end2end.simulate.__main__ import main as simulate
+
+    args = build_parser().parse_args(argv)
+    out = Path(args.out or f"results/proof-{Path(args.config).stem}")
+    out.mkdir(parents=True, exist_ok=True)
+    measured, simulated = out / "measured.tsv", out / "simulated.tsv"
+    subprocess.run([sys.executable, "-m", "end2end.sweep", args.config, "--results",
+                    str(measured), "--device", "cpu", "--repeat", str(args.repeat)], check=False)
+    sim_args = [args.config, "--device", "cpu", "--results", str(simulated)]
+    sim_args += [a for w in args.only for a in ("--only", w)]
+    sim_args += ["--calibration", args.calibration] if args.calibration else []
+    simulate(sim_args + (["--calibrate"] if args.calibrate else []))
+    both = compare(measured, simulated)
+    if both.empty:
+        print("end2end.simulate.proof: no run has both a measured ok row and a simulated row",
+              file=sys.stderr)
+        return 1
+    text = report(both, summarise(both), pairs(both),
+                  "python -m end2end.simulate.proof " + " ".join(argv or sys.argv[1:]))
+    (out / "proof.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

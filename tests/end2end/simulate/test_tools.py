@@ -1,0 +1,81 @@
+"""The simulator's tools: the CPU proof (measure and simulate the same lines, compare) on a
+4-line tiny config, and ``run_all_single_node.sh CONFIG --check``."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+TINY = """#@ steps=2 warmup=1 dtype=fp32
+eager tiny/bert 1 32 0 4 0
+slapo tiny/bert 1 32 0 4 0
+eager tiny/gpt2 1 32 0 4 0
+slapo tiny/gpt2 1 32 0 4 0
+"""
+
+
+def _calibration(path: Path) -> str:
+    """A cpu profile in the cache's format (the proof's plumbing is tested, not the machine)."""
+    path.write_text(json.dumps(dict(
+        flops=dict(float32=1e11, bfloat16=1e11, float16=1e11), memory_bandwidth=1e10,
+        bandwidth=1e9, alpha_s=1e-4, threads=2, measured="test", memory_overhead=0.5)))
+    return str(path)
+
+
+@pytest.mark.timeout(900)
+def test_proof_measures_simulates_and_compares_a_tiny_config(tmp_path):
+    from end2end.simulate.proof import main
+
+    config = tmp_path / "tiny.cfg"
+    config.write_text(TINY)
+    out = tmp_path / "proof"
+    assert main([str(config), "--out", str(out), "--repeat", "1",
+                 "--calibration", _calibration(tmp_path / "cpu.json")]) == 0
+    text = (out / "proof.md").read_text()
+    rows = [ln for ln in text.splitlines() if " s=32 b=4 " in ln]
+    assert len(rows) == 4, text
+    assert "Spearman" in text and "MAPE" in text
+    pairs = [ln for ln in text.splitlines() if ln.startswith("| slapo / eager")]
+    assert len(pairs) == 2, text  # one Slapo/baseline pair per model
+    from end2end.simulate.proof import compare, summarise
+
+    both = compare(out / "measured.tsv", out / "simulated.tsv")
+    assert len(both) == 4 and (both["mem_measured"] > 0).all()
+    summary = summarise(both)
+    assert all(math.isfinite(v) for v in summary.values()), summary
+    # the simulated memory is the live bytes x (1 + the calibration's 0.5)
+    sim = [json.loads(ln) for ln in (out / "simulated.jsonl").read_text().splitlines()
+           if '"type": "row"' in ln]
+    for row in sim:
+        peak = max(m["peak"] for m in row["extra"]["memory"])
+        assert row["PerGPUMem"] == pytest.approx(peak * 1.5 / 1e9, rel=1e-6)
+
+
+def _check(config: Path, results: Path, *args: str):
+    env = dict(os.environ, SKIP_SETUP="1", PYTHON=sys.executable, SIM_RESULTS=str(results))
+    return subprocess.run(["bash", str(ROOT / "end2end" / "run_all_single_node.sh"),
+                           str(config), "--check", *args], capture_output=True, text=True,
+                          env=env, timeout=600, cwd=ROOT)
+
+
+@pytest.mark.timeout(900)
+def test_check_lists_the_lines_predicted_to_fail(tmp_path):
+    good = "eager tiny/bert 2 32 0 4 0\n"
+    config = tmp_path / "tiny.cfg"
+    config.write_text("# a tiny config for 8x V100\n" + good + "#@ pp=2\n" + good)
+    proc = _check(config, tmp_path / "bad.sim.tsv")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "simulated for v100-32gb" in proc.stdout  # the device its comment names
+    failed = [ln for ln in proc.stdout.splitlines() if ln.startswith("fail")]
+    assert len(failed) == 1 and "eager tiny/bert n=2" in failed[0], proc.stdout
+    config.write_text(good)
+    proc = _check(config, tmp_path / "good.sim.tsv", "--sim-device", "h200")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "every run is predicted to fit on h200" in proc.stdout
