@@ -36,28 +36,39 @@ def _batch(spec):
     return make_inputs(get_model_spec(spec.model), spec.batch_size, spec.seq_len, 0)
 
 
-def test_fake_tp8_parameters_and_shapes_match_a_real_tp2_run_scaled():
-    from slapo.testing import run_distributed
-
+def _fake_tp8() -> dict:
+    """Rank 0 of the TP-8 run on fake tensors (in a process of its own: see
+    end2end/simulate/isolated.py; a fake world left in the test process corrupted its heap)."""
     from end2end.driver.bench import run_layout
     from end2end.simulate.step import simulate_rank
 
+    spec = _spec("slapo", 8)
+    fake = simulate_rank(spec, run_layout(spec), 0)
+    return {"parameters": fake.parameters,
+            "groups": sorted({c.group_size for c in fake.collectives}),
+            "phases": sorted({c.phase for c in fake.collectives}),
+            "flops": sum(op.flops for op in fake.ops if op.phase == "forward"),
+            "peak": fake.memory["peak"], "param": fake.memory["param"]}
+
+
+def test_fake_tp8_parameters_and_shapes_match_a_real_tp2_run_scaled():
+    from slapo.testing import run_distributed
+
     from end2end.driver.measure import local_parameters
     from end2end.models import build_model
+    from end2end.simulate.isolated import isolated
 
     one = local_parameters(build_model(MODEL, device="meta"))  # the unsharded model
     two = run_distributed(_real_parameters, 2, 2)
     two = two[0] if isinstance(two, list) else two
     sharded = 2 * (one - two)  # P = R + S, P2 = R + S / 2
     replicated = one - sharded
-    spec = _spec("slapo", 8)
-    fake = simulate_rank(spec, run_layout(spec), 0)
-    assert fake.parameters == replicated + sharded // 8
+    fake = isolated("tests.end2end.simulate.test_simulate._fake_tp8")
+    assert fake["parameters"] == replicated + sharded // 8
     # the TP schedule's collectives: all over the 8-rank group, forward and backward
-    assert {c.group_size for c in fake.collectives} == {8}
-    assert {"forward", "backward"} <= {c.phase for c in fake.collectives}
-    flops = sum(op.flops for op in fake.ops if op.phase == "forward")
-    assert flops > 0 and fake.memory["peak"] > fake.memory["param"] > 0
+    assert fake["groups"] == [8]
+    assert {"forward", "backward"} <= set(fake["phases"])
+    assert fake["flops"] > 0 and fake["peak"] > fake["param"] > 0
 
 
 def _refused_run(results: str) -> int:
@@ -68,18 +79,24 @@ def _refused_run(results: str) -> int:
                        "--steps", "1", "--warmup", "0", "--results", results])
 
 
+def _simulated_refusal() -> dict:
+    from end2end.simulate.profiles import get_profile
+    from end2end.simulate.run import simulate_in_process
+
+    spec = make_run_spec("eager", MODEL, 2, 64, 0, 4, "0", steps=1, warmup=0, pp=2)
+    return simulate_in_process(spec, get_profile("v100-32gb"))
+
+
 def test_a_line_refused_for_real_is_the_same_fail_row_in_simulation(tmp_path):
     from slapo.testing import run_distributed
 
     from end2end.results.store import read_results
-    from end2end.simulate.profiles import get_profile
-    from end2end.simulate.run import simulate_in_process
+    from end2end.simulate.isolated import isolated
 
     real = tmp_path / "real.tsv"
     assert 1 in run_distributed(_refused_run, 2, str(real))
     real_row = read_results(real).rows[0]
-    spec = make_run_spec("eager", MODEL, 2, 64, 0, 4, "0", steps=1, warmup=0, pp=2)
-    sim = simulate_in_process(spec, get_profile("v100-32gb"))
+    sim = isolated("tests.end2end.simulate.test_simulate._simulated_refusal")
     assert sim["status"] == real_row.status == "fail"
     # the same error; the rank prefix is whichever rank of the real job wrote first
     assert sim["error"].split(": ", 1)[1] == real_row.error.split(": ", 1)[1]
