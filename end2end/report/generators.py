@@ -15,7 +15,7 @@
                            date and UTC time span of its rows, the machine (CPU model and
                            cores) and commit(s) from its ``# env`` header and rows, the package
                            versions, and the command that made it (``FILE`` with the suffix
-                           ``.cmd``: one line, committed beside it)
+                           ``.cmd``: one command per line, committed beside it)
 =========================  ===============================================================
 
 ``FILE`` is relative to the repository root. Add a kind with ``@generator("name")``.
@@ -174,7 +174,8 @@ def _provenance(root: Path, args: Sequence[str]) -> str:
     if not command_file.is_file():
         raise ReportError(f"{path.name} has no {command_file.name} beside it",
                           hint=f"write the command that made it into {command_file.name}")
-    command = command_file.read_text().strip()
+    commands = [" ".join(shlex.split(line)) for line in command_file.read_text().splitlines()
+                if line.strip()]
     times = sorted(r.time for r in res.rows if r.time)
     commits = sorted({r.git_commit for r in res.rows if r.git_commit} or
                      {res.env.get("git_commit", "unknown")})
@@ -188,8 +189,12 @@ def _provenance(root: Path, args: Sequence[str]) -> str:
     return (f"Measured {span} on {env.get('cpu_model', 'an unrecorded machine')} "
             f"({cores} cores), commit {', '.join(commits)}; {versions}; {len(res.rows)} rows "
             f"in [`{path.relative_to(root)}`]({_link(path, root)}), made by "
-            f"`{' '.join(shlex.split(command))}`.")
+            + ", then ".join(f"`{c}`" for c in commands) + ".")
 
 
 def _link(path: Path, root: Path) -> str:
     return "/" + str(path.relative_to(root))
+
+
+from . import paper, studies  # noqa: E402,F401  (register their kinds)
+from . import proof_table  # noqa: E402,F401  (registers the kind proof)

@@ -1,0 +1,151 @@
+"""The generated block ``paper``: the paper's headline numbers beside this artifact's.
+
+``<!-- report: paper --cpu FILE [--v100 FILE] [--fig8 FILE] [--grid DB] -->``: one row per claim
+of the paper (ASPLOS'24; the values and their sources in :data:`PAPER`), with what the CPU
+results (``--cpu``: a Figure 7 results file measured here) say, what the simulator predicts
+for the paper's machines (``--v100``: ``single_node_asplos24.cfg`` simulated on ``v100-32gb``;
+``--fig8``: ``multi_node_fig8.cfg``), marked as predictions, and the auto-tuning grid's optimum
+(``--grid``). A file not given is a cell saying so; measured and simulated rows are never put
+into one ratio (:func:`end2end.results.summary.figure7_table` refuses a mixed file).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from .blocks import ReportError
+from .generators import _rows, generator
+
+__all__ = ["PAPER"]
+
+# claim -> (the paper's value, its source)
+PAPER: Dict[str, tuple] = {
+    "single": ("2.92x", "arXiv 2302.08005 v2 abstract: 8 x V100 (p3dn.24xlarge), Figure 7"),
+    "every": ("Slapo-TP or Slapo-ZeRO3 best on every model",
+              "the artifact's evaluation conclusion (i), Figure 7"),
+    "tp": ("1.02x-1.46x", "Slapo-TP / Megatron-LM, Figure 7 (not confirmed from a primary "
+           "source)"),
+    "multi": ("1.41x", "arXiv v2 abstract: up to 64 GPUs (8 nodes of 8 x V100), Figure 8"),
+    "tune": ("17.25 samples/s at batch 18, ratio 0.25", "Figure 10's plot data (BERT-1B series, "
+             "8 x V100; range 11.5-17.25)"),
+}
+OPTIONS = ("--cpu", "--v100", "--fig8", "--grid")
+
+
+def _options(root: Path, args: Sequence[str]) -> Dict[str, Path]:
+    if len(args) % 2 or any(a not in OPTIONS for a in args[::2]):
+        raise ReportError(f"'paper' takes {' FILE '.join(OPTIONS)} FILE pairs, got {list(args)}",
+                          hint="<!-- report: paper --cpu docs/results/cpu.tsv -->")
+    out = {flag[2:]: root / path for flag, path in zip(args[::2], args[1::2])}
+    if "cpu" not in out:
+        raise ReportError("'paper' needs --cpu FILE (a Figure 7 results file)",
+                          hint="<!-- report: paper --cpu docs/results/cpu.tsv -->")
+    for name, path in out.items():
+        if not path.is_file():
+            raise ReportError(f"'paper' --{name}: {path.relative_to(root)} does not exist",
+                              hint="commit it under docs/results/, or fix the path")
+    return out
+
+
+def _best_ratios(path: Optional[Path]) -> List:
+    """Per workload and rank count: (best Slapo / best baseline ratio, panel, n)."""
+    from end2end.results.summary import figure7_table, speedups
+
+    if path is None:
+        return []
+    table = figure7_table(_rows(path), best=True)
+    return [(s.ratio, s.panel, s.n) for s in speedups(table) if s.system == "best-slapo"]
+
+
+def _where(panel, n: int) -> str:
+    return f"`{panel.model}`, {n} rank{'s' if n > 1 else ''}"
+
+
+def _max_text(ratios: List) -> str:
+    """The largest ratio over the multi-rank workloads (the paper's Figure 7 and 8 compare
+    distributed systems only; a 1-rank eager vs Slapo line is no such comparison)."""
+    from end2end.results.summary import ratio_text
+
+    ratios = [r for r in ratios if r[2] > 1]
+    if not ratios:
+        return "no multi-rank workload with both sides"
+    ratio, panel, n = max(ratios, key=lambda item: item[0].value)
+    return f"{ratio_text(ratio)} ({_where(panel, n)})"
+
+
+def _every_text(ratios: List) -> str:
+    if not ratios:
+        return "no workload with both sides"
+    ahead = [r for r in ratios if r[0].value >= 1 or r[0].within_noise]
+    behind = [f"{_where(p, n)} {r.value:.2f}x" for r, p, n in ratios if r not in
+              [a[0] for a in ahead]]
+    return (f"{len(ahead)} of {len(ratios)} workloads (Slapo ahead or within noise)"
+            + (f"; behind: {', '.join(behind)}" if behind else ""))
+
+
+def _tp_text(path: Optional[Path]) -> str:
+    from end2end.results.summary import figure7_table, speedups
+
+    if path is None:
+        return "not given"
+    items = [s for s in speedups(figure7_table(_rows(path)))
+             if s.system == "slapo-megatron" and s.baseline == "megatron"]
+    if not items:
+        return "no Slapo-TP / Megatron-LM pair"
+    values = sorted(s.ratio.value for s in items)
+    span = f"{values[0]:.2f}x" + (f"-{values[-1]:.2f}x" if len(values) > 1 else "")
+    return f"{span} over {len(items)} workload{'s' if len(items) > 1 else ''} (medians)"
+
+
+def _grid_text(db: Optional[Path]) -> str:
+    import json
+
+    from autotune.seeds import grid_outcomes
+
+    if db is None:
+        return "not given"
+    outcomes = grid_outcomes(str(db), ["grid"])
+    key, best = max(((k, o) for k, o in outcomes.items() if o["status"] == "ok"),
+                    key=lambda item: item[1]["throughput"])
+    where = ", ".join(f"{k} {v:g}" for k, v in json.loads(key).items())
+    return f"{best['throughput']:.3g} samples/s at {where} (`cpu/bert`, 2 ranks)"
+
+
+def _predicted(path: Optional[Path], text) -> str:
+    """``text(path)`` marked as a prediction, or why there is none."""
+    from end2end.results.summary import is_predicted
+
+    if path is None:
+        return "not yet simulated"
+    if not is_predicted(_rows(path)):
+        raise ReportError(f"'paper': {path.name} holds measured rows where predictions are "
+                          "expected", hint="give the simulator's rows (python -m "
+                          "end2end.simulate CONFIG --device v100-32gb --results FILE)")
+    return f"{text(path)} *(predicted)*"
+
+
+@generator("paper")
+def _paper(root: Path, args: Sequence[str]) -> str:
+    files = _options(root, args)
+    cpu, v100, fig8 = files["cpu"], files.get("v100"), files.get("fig8")
+    best = _best_ratios(cpu)
+    rows = [
+        ("Max single-node speedup, best Slapo / best baseline (2 or more ranks)", "single", _max_text(best),
+         _predicted(v100, lambda p: _max_text(_best_ratios(p)))),
+        ("Slapo best on every model", "every", _every_text(best),
+         _predicted(v100, lambda p: _every_text(_best_ratios(p)))),
+        ("Slapo-TP / Megatron-LM", "tp", _tp_text(cpu), _predicted(v100, _tp_text)),
+        ("Max multi-node speedup (16-64 GPUs)", "multi", "not measurable here (one machine)",
+         _predicted(fig8, lambda p: _max_text(_best_ratios(p)))),
+        ("Auto-tuning optimum (Figure 10)", "tune", _grid_text(files.get("grid")),
+         "not simulated"),
+    ]
+    lines = ["| Claim | Paper (V100) | This artifact, measured on CPU | Paper's machines, "
+             "simulated |", "|---|---|---|---|"]
+    lines += [f"| {claim} | {PAPER[key][0]} | {ours} | {sim} |" for claim, key, ours, sim in rows]
+    sources = "\n".join(f"- {claim}: {PAPER[key][1]}." for claim, key, *_ in rows)
+    return "\n".join(lines) + (
+        "\n\nMeasured ratios are medians of per-round ratios with their range (`~`: within "
+        "noise); predictions come from the simulator (docs/simulate.md) and are never paired "
+        f"with a measurement. The paper's values:\n\n{sources}")
