@@ -3,7 +3,7 @@
 # the one benchmark driver (end2end.sweep -> end2end.bench), in interleaved rounds, then the
 # chart and table (ablation.plot) drawn from the results file only.
 #   bash ablation/run.sh [--scale cpu|paper|tiny] [--model bert|gpt-neo|all] [--repeat R] [SWEEP ARGS]
-# cpu (default): the zoo's CPU BERT and GPT-Neo on 1-2 gloo ranks (~15 minutes on 2 cores);
+# cpu (default): the zoo's CPU BERT and GPT-Neo on 1-2 gloo ranks (how long: README.md's table of commands);
 # paper: BERT-1B (and GPT-Neo-1.3B) on 1 and 8 GPUs, fp16, as in the artifact; tiny: a
 # one-minute trial of the flow on the tiny BERT (--model bert).
 # Results: ${RESULTS_DIR:-<repo>/results}/ablation-<model>.tsv (paper: ablation-paper-<model>.tsv)

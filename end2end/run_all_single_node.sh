@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run every line of a benchmark config (the artifact's entry point), then plot Figure 7.
-#   cd end2end && bash run_all_single_node.sh configs/cpu.cfg [--repeat R] [extra end2end.sweep args]
+#   bash end2end/run_all_single_node.sh end2end/configs/cpu.cfg [--repeat R] [extra end2end.sweep args]
 # --repeat R: R interleaved rounds (every line once, then every line again, ...: drift hits every
 #   system alike); default 3 on CPU (shared, noisy machines), 1 on GPU; REPEAT=R sets it too.
 #   The figure and the printed speedups use the median per (line, mode), with min-max ranges.

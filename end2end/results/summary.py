@@ -209,8 +209,9 @@ def model_label(name: str) -> str:
 
 def system_of(row: ResultRow) -> str:
     """The bar a row belongs to: its mode, or ``"mode [knobs]"`` for a run with recipe knobs
-    (``#@ knobs=``), which is a system of its own."""
-    return f"{row.impl} [{row.knobs}]" if row.knobs else row.impl
+    (``#@ knobs=``) or a pipeline (``pp=N``, N > 1), which is a system of its own."""
+    extra = ",".join(filter(None, [f"pp={row.pp}" if (row.pp or 1) > 1 else "", row.knobs]))
+    return f"{row.impl} [{extra}]" if extra else row.impl
 
 
 def base_system(system: str) -> str:
@@ -218,10 +219,18 @@ def base_system(system: str) -> str:
     return system.split(" [", 1)[0]
 
 
+# a mode whose runtime is another one under a pipeline: slapo-deepspeed with pp > 1 runs on
+# DeepSpeed's pipeline engine, not ZeRO-3
+PIPELINE_LABEL = {"slapo-deepspeed": "Slapo-DeepSpeed"}
+
+
 def label_of(system: str) -> str:
-    """Legend label: ``Slapo``, ``Slapo [fuse_bias_gelu=True]``."""
+    """Legend label: ``Slapo``, ``Slapo [fuse_bias_gelu=True]``, ``Slapo-DeepSpeed [pp=2]``."""
     base = base_system(system)
-    return LABEL.get(base, base) + system[len(base):]
+    label = LABEL.get(base, base)
+    if "pp=" in system[len(base):]:
+        label = PIPELINE_LABEL.get(base, label)
+    return label + system[len(base):]
 
 
 def is_slapo_system(system: str) -> bool:

@@ -110,6 +110,10 @@ def test_grid_draws_every_candidate_with_the_optimum_in_bold(grid_db):
     with pytest.raises(ReportError, match="does not exist"):
         render(grid_db, _block("grid nope.db"))
     assert "**17**" in render(grid_db, _block("grid study.db grid"))  # the study named
+    _figure7(grid_db / "cpu.tsv")
+    text = render(grid_db, _block("paper --cpu cpu.tsv --grid study.db"))
+    assert "17 samples/s at batch_size 20, ckpt_ratio 0.5 (`cpu/bert`, 2 ranks; median of 1 grid" \
+        in text
 
 
 def test_seeds_summarises_the_runs_of_the_file(tmp_path):

@@ -1,0 +1,1 @@
+RESULTS_DIR=docs/results bash ablation/run.sh --repeat 3
