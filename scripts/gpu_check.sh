@@ -5,7 +5,13 @@
 #      speed and error (scripts/gpu_attention_check.py -> attention.tsv);
 #   2. single-GPU training, eager HF vs Slapo, bf16: BERT-large and GPT-Neo-1.3B, a few steps
 #      each (end2end/configs/gpu_check.cfg through the sweep and end2end/driver/bench.py -> gpu_check.tsv);
-#   3. a figure of both (scripts/gpu_check_figure.py -> gpu_check.png/.pdf, or .svg without
+#   3. each training line beside the simulator's h200 prediction of it (issue 25, item 8):
+#      gpu_check.cfg is simulated for the `h200` profile on the CPU while step 1 runs on the GPU
+#      (python -m end2end.simulate ... -> gpu_check.h200.sim.tsv, bounded by SIM_TIMEOUT seconds,
+#      default 150, and finished before the measured sweep starts), and after the sweep
+#      python -m end2end.simulate.compare prints measured vs predicted samples/s and memory with
+#      their ratio (-> gpu_check_vs_h200.txt);
+#   4. a figure of both (scripts/gpu_check_figure.py -> gpu_check.png/.pdf, or .svg without
 #      matplotlib), plus env.txt.
 #
 #   bash scripts/gpu_check.sh [OUTDIR]        # OUTDIR: $OUT if set, else results/gpu_check
@@ -35,7 +41,7 @@ if not torch.cuda.is_available():
           f"{torch.version.cuda or 'none'}, CUDA_VISIBLE_DEVICES="
           f"{__import__('os').environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"); sys.exit(1)
 PY
-)" || fail "${why:-the GPU check failed}; this script needs one NVIDIA GPU (run the CPU suite instead: cd end2end && bash run_all_single_node.sh configs/cpu.cfg)"
+)" || fail "${why:-the GPU check failed}; this script needs one NVIDIA GPU (run the CPU suite instead: bash end2end/run_all_single_node.sh end2end/configs/cpu.cfg)"
 
 "$PY" - <<'PY' || fail "slapo or its dependencies cannot be imported from $ROOT (see above)"
 import torch, transformers, slapo, end2end.bench  # noqa: F401
@@ -49,14 +55,25 @@ PY
 mkdir -p "$OUT"
 start=$(date +%s)
 "$PY" "$ROOT/scripts/env_dump.py" --device cuda > "$OUT/env.txt"
-echo "== 1/3 attention kernels (bf16) =="
+SIM_TIMEOUT="${SIM_TIMEOUT:-150}"
+echo "== h200 predictions of the training lines: simulated on the CPU during step 1 =="
+(cd "$ROOT" && CUDA_VISIBLE_DEVICES="" timeout "$SIM_TIMEOUT" "$PY" -m end2end.simulate \
+  end2end/configs/gpu_check.cfg --device h200 --results "$OUT/gpu_check.h200.sim.tsv" \
+  --timeout "$SIM_TIMEOUT" >"$OUT/simulate.log" 2>&1) &
+sim_pid=$!
+echo "== 1/4 attention kernels (bf16) =="
 timeout 180 "$PY" "$ROOT/scripts/gpu_attention_check.py" --out "$OUT" \
   || echo "gpu_check.sh: attention check failed or timed out (exit $?)" >&2
-echo "== 2/3 eager vs slapo training, 1 GPU (bf16) =="
+wait "$sim_pid" || echo "gpu_check.sh: the h200 simulation failed or took over" \
+  "$SIM_TIMEOUT s (exit $?; see $OUT/simulate.log); its rows so far are kept" >&2
+echo "== 2/4 eager vs slapo training, 1 GPU (bf16) =="
 cd "$ROOT"
 "$PY" -m end2end.sweep end2end/configs/gpu_check.cfg --results "$OUT/gpu_check.tsv" \
   --device cuda --max-devices 1 --timeout 150 || true
-echo "== 3/3 figure =="
+echo "== 3/4 measured vs the h200 prediction =="
+"$PY" -m end2end.simulate.compare "$OUT/gpu_check.tsv" "$OUT/gpu_check.h200.sim.tsv" \
+  --profile h200 | tee "$OUT/gpu_check_vs_h200.txt" || true
+echo "== 4/4 figure =="
 "$PY" "$ROOT/scripts/gpu_check_figure.py" "$OUT" || true
 "$PY" -m end2end.plot "$OUT/gpu_check.tsv" -o "$OUT/gpu_check-fig7" --title "1 GPU, bf16" \
   2>/dev/null || true

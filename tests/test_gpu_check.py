@@ -49,3 +49,50 @@ def test_attention_check_and_figure_run_on_cpu(tmp_path):
                          timeout=120).stdout
     assert "gpt-neo" in out and "slapo" in out  # the printed bars
     assert any((tmp_path / f"gpu_check.{ext}").exists() for ext in ("png", "svg"))
+
+
+def _commands(module: str) -> list:
+    """The arguments after ``-m MODULE`` of each command of gpu_check.sh running it (continued
+    lines joined, the script's variables set)."""
+    import re
+    import shlex
+
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text().replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        if f"-m {module}" not in line:
+            continue
+        words = shlex.split(line.replace('"$OUT', '"/out').replace('"$SIM_TIMEOUT"', "150"),
+                            comments=True)
+        for i, word in enumerate(words[:-1]):
+            if word == "-m" and words[i + 1] == module:
+                rest = words[i + 2:]
+                cut = next((j for j, w in enumerate(rest) if re.fullmatch(r"[|>&)]+.*", w)),
+                           len(rest))
+                out.append(rest[:cut])
+    return out
+
+
+def test_the_h200_prediction_commands_parse_and_name_the_measured_config():
+    """gpu_check.sh simulates its own config for h200 before the sweep and compares the two
+    files after it (steps 1-3): the commands parse with the tools' own parsers, on the files
+    the sweep writes."""
+    from end2end.simulate.__main__ import build_parser as simulate_parser
+    from end2end.simulate.compare import build_parser as compare_parser
+
+    (sim,) = _commands("end2end.simulate")
+    (sweep,) = _commands("end2end.sweep")
+    (compare,) = _commands("end2end.simulate.compare")
+    args = simulate_parser().parse_args(sim)
+    assert args.config == sweep[0] == "end2end/configs/gpu_check.cfg"
+    assert (ROOT / args.config).is_file()
+    assert args.device == "h200" and args.results == "/out/gpu_check.h200.sim.tsv"
+    assert args.timeout == 150
+    cmp_args = compare_parser().parse_args(compare)
+    assert cmp_args.measured == sweep[sweep.index("--results") + 1] == "/out/gpu_check.tsv"
+    assert cmp_args.simulated == args.results and cmp_args.profile == "h200"
+    text = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    text = text[text.index("set -euo pipefail"):]  # the code, not the header's description
+    # simulated before the measured sweep, bounded; the table after it
+    assert text.index("timeout \"$SIM_TIMEOUT\"") < text.index('wait "$sim_pid"') \
+        < text.index("-m end2end.sweep") < text.index("-m end2end.simulate.compare")

@@ -11,10 +11,14 @@ mask and dropout; its fake/meta implementation and backward give the shapes, its
 PyTorch's FLOP table). A boolean mask becomes the additive bias that kernel takes; grouped
 key/value heads are repeated to the query's heads. Attention written out by hand (HF's
 ``eager`` implementation: GPT-Neo; megatron-core's local ``DotProductAttention``)
-materialises the scores on a GPU too and is left as it is.
+materialises the scores on a GPU too and is left as it is. Slapo's op library, which on a CPU
+tensor with dropout runs its own math kernel (``slapo.op.attention._cpu_math_with_dropout``),
+takes the fused kernel too within the mode, as it would on a GPU.
 """
 
 from __future__ import annotations
+
+import importlib
 
 from typing import Optional
 
@@ -52,6 +56,14 @@ def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     return out[0]
 
 
+def _slapo_cpu_dropout(q, k, v, mask, is_causal, scale, dropout_p):
+    """Slapo's op library runs attention with dropout on a CPU tensor as the math kernel
+    (:func:`slapo.op.attention._cpu_math_with_dropout`, the scores kept); fake tensors are CPU
+    tensors, but on a GPU the same call is the fused kernel."""
+    return fused_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                           scale=scale)
+
+
 def _sdpa(query, *args, **kwargs):
     if query.dim() == 4:
         return fused_attention(query, *args, **kwargs)
@@ -72,11 +84,18 @@ class GpuAttention(TorchFunctionMode):
     ``CheckpointError`` (a different number of saved tensors), never a silent mix."""
 
     def __enter__(self):
+        attention = importlib.import_module("slapo.op.attention")  # the module, not the function
+
         F.scaled_dot_product_attention = _sdpa
+        self._slapo_cpu_math = attention._cpu_math_with_dropout
+        attention._cpu_math_with_dropout = _slapo_cpu_dropout
         return super().__enter__()
 
     def __exit__(self, *exc):
+        attention = importlib.import_module("slapo.op.attention")  # the module, not the function
+
         F.scaled_dot_product_attention = _ORIGINAL
+        attention._cpu_math_with_dropout = self._slapo_cpu_math
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

@@ -12,7 +12,8 @@ line through 1 and 2 misses the growth; from 2 on it is linear, tests/end2end/si
 * Work (kernels, collectives: their time, FLOPs, bytes, calls): exactly that line, by weighing
   the two recorded steps ``3 - M`` and ``M - 2`` (:attr:`OpRecord.weight`); what runs once per
   step (the optimizer, the data-parallel gradient reduction) cancels out to once.
-* Peak memory: ``peak(2) + (F - 2) (peak(3) - peak(2))`` with ``F`` the micro-batches whose
+* Peak memory: ``peak(2) + (F - 2) (peak(3) - peak(2))``, at least the states held after the
+  step (parameters, gradients, optimizer states), with ``F`` the micro-batches whose
   activations are alive at once: all ``M`` in Slapo's torch pipeline (GPipe: every forward, then
   every backward), ``min(M, P - s)`` on stage ``s`` of a DeepSpeed pipeline (1F1B), and for
   gradient accumulation the measured growth (about nothing: a micro-batch's activations are
@@ -57,8 +58,10 @@ def extrapolate(one: RankResult, two: RankResult, m: int, held: int) -> RankResu
         [dataclasses.replace(c, weight=c.weight * w_two) for c in two.collectives]
     memory = dict(two.memory)
     growth = two.memory["peak"] - one.memory["peak"]
-    memory["peak"] = one.memory["peak"] + (held - FIRST) * growth
     states = sum(memory.get(k, 0) for k in ("param", "buffer", "grad", "optstate", "working"))
+    # never below the states held after the step (a 1F1B stage with fewer micro-batches in
+    # flight than FIRST extrapolates downwards, past a peak that may sit in the optimizer step)
+    memory["peak"] = max(one.memory["peak"] + (held - FIRST) * growth, states)
     memory["activation"] = max(0, memory["peak"] - states)
     memory["per_microbatch"] = growth
     from end2end.simulate.recorder import work_totals

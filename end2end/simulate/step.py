@@ -7,7 +7,9 @@ exactly as the driver does (``end2end.driver.bench.build_runner``: zoo model, sc
 knobs, ``make_runner`` and the mode's builder), except for the runtimes that cannot run on fake
 tensors, whose builders :mod:`end2end.simulate.modelled` replaces for the duration. Then one
 training step (forward, backward, optimizer step: ``runner.train_step``) runs under
-:class:`~end2end.simulate.recorder.StepRecorder` which also follows the memory.
+:class:`~end2end.simulate.recorder.StepRecorder` which also follows the memory. A pipeline
+stage's schedule is built first, unrecorded, as a real run builds it in its warm-up
+(:func:`build_pipeline_schedule`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import torch
 
 from end2end.simulate.recorder import CollectiveRecord, OpRecord, StepRecorder
 
-__all__ = ["RankResult", "simulate_rank", "simulate_rank_isolated", "rank_result_from_json"]
+__all__ = ["RankResult", "simulate_rank", "simulate_rank_isolated", "rank_result_from_json",
+           "build_pipeline_schedule"]
 
 _DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -81,6 +84,7 @@ def simulate_rank(spec, layout: Dict[str, int], rank: int, gpu: bool = False) ->
         env = init_distributed()
         runner = build_runner(spec, layout, dtype, env.device)
         batch = rank_batch(spec, layout, env, dtype)
+        build_pipeline_schedule(runner, batch)
         before = _resident(runner)
         recorder = StepRecorder()
         hooks = _optimizer_phase(recorder)
@@ -99,6 +103,30 @@ def simulate_rank(spec, layout: Dict[str, int], rank: int, gpu: bool = False) ->
                             totals=recorder.totals())
         modelled.finish(result, runner)
         return result
+
+
+def build_pipeline_schedule(runner, batch) -> bool:
+    """Build a pipeline stage's schedule before the recorded step (True if ``runner`` is one).
+
+    A stage builds it in its first step (:class:`slapo.pipeline.runner.PipelineRunner`): the
+    stages before it run once on one micro-batch, in this process, to derive its example inputs.
+    A real run does that in its warm-up, outside the measured steps, so the recorded step here is
+    the steady one; it runs under a recorder of its own (discarded) so that fake reads behave as
+    in the step. On the way the stage's unpacking of ints and shapes received packed in tensors
+    learns their values (:mod:`end2end.simulate.pipeline_values`), which the fake receive
+    buffers do not carry."""
+    from end2end.simulate.pipeline_values import remember_packed_values
+
+    from slapo.pipeline.runner import PipelineRunner
+
+    pipe = getattr(runner.model, "runner", None)
+    if not isinstance(pipe, PipelineRunner):
+        return False
+    remember_packed_values(pipe.stages[pipe.index])
+    if pipe._schedule is None:  # the runtime's own lazy build (private), done early
+        with StepRecorder():
+            pipe._build({k: v.to(pipe._device) for k, v in batch.items()})
+    return True
 
 
 def _optimizer_phase(recorder: StepRecorder) -> List[Any]:

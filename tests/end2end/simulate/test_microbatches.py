@@ -3,7 +3,10 @@ CUDA's fused attention on GPU profiles (no s x s scores kept)."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
+import torch
 
 from end2end.spec.config_file import make_run_spec
 
@@ -75,3 +78,31 @@ def test_gpu_profiles_keep_no_attention_scores():
     saved = {s: act[s, False] - act[s, True] for s in (128, 256)}
     assert 3.5 < saved[256] / saved[128] < 4.5, act  # quadratic in s
     assert saved[256] >= 4 * 8 * 8 * 256 * 256 * 4, act
+
+
+def test_slapo_attention_with_dropout_runs_the_fused_kernel_on_gpu_profiles():
+    """Slapo's op library takes its CPU math kernel (scores kept) for attention with dropout on
+    a CPU tensor; fake tensors are CPU tensors, so on a GPU profile the simulator must swap it
+    for the fused kernel as for F.scaled_dot_product_attention (found by gpu_check's h200
+    predictions: Slapo BERT-large at 1.9x eager's memory)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from end2end.simulate.kernels import GpuAttention
+    from end2end.simulate.recorder import StepRecorder
+    attention = importlib.import_module("slapo.op.attention")  # the module, not the function
+
+    original = attention._cpu_math_with_dropout
+    with FakeTensorMode():
+        q, k, v = (torch.randn(2, 4, 128, 16, requires_grad=True) for _ in range(3))
+        with GpuAttention(), StepRecorder() as rec:
+            out = attention._sdpa(q, k, v, None, False, None, 0.1, "auto", "test")
+            out.sum().backward()
+    names = [op.name for op in rec.ops]
+    assert any("efficient_attention" in n for n in names), names
+    assert not any(n in ("bmm", "_softmax") for n in names), names  # no s x s scores
+    assert attention._cpu_math_with_dropout is original  # restored on exit
+    with FakeTensorMode():  # outside the mode: the CPU math kernel, as on a real CPU
+        q, k, v = (torch.randn(2, 4, 128, 16) for _ in range(3))
+        with StepRecorder() as rec:
+            attention._sdpa(q, k, v, None, False, None, 0.1, "auto", "test")
+    assert any(op.name in ("bmm", "matmul", "_softmax") for op in rec.ops)
