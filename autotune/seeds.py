@@ -40,6 +40,8 @@ class SeedRun:
     evaluations: int
     to_within: Optional[int]
     best_fraction: float
+    pruned: int = 0  # candidates a prediction pruned (not run; autotune.pruning)
+    oom: int = 0  # evaluations that ran out of memory
 
 
 def grid_outcomes(db: str, studies: Sequence[str]) -> Dict[str, dict]:
@@ -65,8 +67,9 @@ def grid_outcomes(db: str, studies: Sequence[str]) -> Dict[str, dict]:
 
 
 def replay_strategy(space, grid: Dict[str, dict], strategy: str, budget: int, seed: int,
-                    within: float) -> SeedRun:
-    """Run ``strategy`` in memory, answered from ``grid``."""
+                    within: float, prediction=None) -> SeedRun:
+    """Run ``strategy`` in memory, answered from ``grid``; ``prediction``: a
+    :class:`~slapo.autotune.PredictionPolicy` that prunes and/or ranks (autotune.pruning)."""
     optimum = max(o["throughput"] for o in grid.values() if o["status"] == "ok")
     names = list(space.names)
 
@@ -75,7 +78,8 @@ def replay_strategy(space, grid: Dict[str, dict], strategy: str, budget: int, se
         return grid.get(key, {"status": "fail", "error": "not measured in the grid"})
 
     options = {"seed": seed} if strategy == "tpe" else {}
-    result = tune(space, objective, strategy=strategy, budget=budget, **options)
+    result = tune(space, objective, strategy=strategy, budget=budget, prediction=prediction,
+                  **options)
     done = [r for r in result.evaluated if r.evaluated]
     best, to_within = 0.0, None
     for i, r in enumerate(done, start=1):
@@ -83,7 +87,8 @@ def replay_strategy(space, grid: Dict[str, dict], strategy: str, budget: int, se
             best = max(best, r.throughput)
             if to_within is None and best >= (1 - within) * optimum:
                 to_within = i
-    return SeedRun(strategy, seed, len(done), to_within, best / optimum)
+    return SeedRun(strategy, seed, len(done), to_within, best / optimum, len(result.pruned),
+                   sum(r.status == "oom" for r in done))
 
 
 def summarize(runs: Sequence[SeedRun], within: float) -> str:

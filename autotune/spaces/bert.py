@@ -13,6 +13,7 @@ batch 16-20 with little checkpointing out. ``AUTOTUNE_RESULTS`` overrides the re
 
 import os
 import sys
+from pathlib import Path
 
 from slapo.autotune import Space
 
@@ -30,3 +31,18 @@ command = [sys.executable, "-m", "autotune.driver", "--mode", MODE, "--model", M
            "--device", "cpu", "--gemm-seconds", "0.1", "--mem-budget-gb", str(MEM_BUDGET_GB),
            "--timeout", "240"]
 timeout = 300  # the tuner's limit; the driver stops the run (and writes its row) at 240 s
+
+# the simulator's prediction of a candidate (``--prune-predicted-oom``, ``--rank-by-prediction``;
+# autotune/README.md, "Pruning by the simulator"): the same run on fake tensors with the ``cpu``
+# profile, against the same per-rank budget. The profile: AUTOTUNE_CPU_PROFILE, else the committed
+# one of the machine that measured the grid when it exists, else the default cache
+# (~/.cache/slapo/cpu_profile.json, measured on first use).
+memory_budget_gb = MEM_BUDGET_GB
+COMMITTED_PROFILE = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu_profile.json"
+CPU_PROFILE = os.environ.get("AUTOTUNE_CPU_PROFILE") or (
+    str(COMMITTED_PROFILE) if COMMITTED_PROFILE.is_file() else "")
+predict = [sys.executable, "-m", "end2end.simulate.one", "--mode", MODE, "--model", MODEL,
+           "--gpus", str(GPUS), "--seq-len", str(SEQ_LEN), "--batch-size", "{batch_size}",
+           "--ckpt", "{ckpt_ratio}", "--device", "cpu", "--mem-budget-gb", str(MEM_BUDGET_GB),
+           "--timeout", "240"] + (["--calibration", CPU_PROFILE] if CPU_PROFILE else [])
+predict_timeout = 300

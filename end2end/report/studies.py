@@ -12,6 +12,8 @@
                                --json FILE``): per strategy, how many runs came within the
                                margin of the optimum, after how many evaluations, and the best
                                found (:func:`autotune.seeds.summarize`)
+``include FILE.md``            a Markdown file a command generated, verbatim, with the command
+                               from ``FILE.cmd`` (e.g. ``python -m autotune.pruning``'s report)
 =============================  ===========================================================
 """
 
@@ -99,3 +101,18 @@ def _seeds(root: Path, args: Sequence[str]) -> str:
         "\n\nEach run replays its strategy on the measured grid (nothing measured again): the "
         f"search once (it is deterministic), TPE once per seed ({tpe} seeds); a run stops at "
         f"its budget ({max(r.evaluations for r in runs)} evaluations at most here).")
+
+
+@generator("include")
+def _include(root: Path, args: Sequence[str]) -> str:
+    """A committed Markdown file that a command generated (e.g. ``python -m autotune.pruning
+    ... > FILE.md``), verbatim, and the command from ``FILE.cmd`` beside it."""
+    path = _results_path(root, args, "include")
+    command_file = path.with_suffix(".cmd")
+    if path.suffix != ".md" or not command_file.is_file():
+        raise ReportError(f"'include' takes a generated .md file with its .cmd beside it, got "
+                          f"{args[0]}", hint=f"write the command that made it into "
+                          f"{command_file.name}")
+    commands = [line.strip() for line in command_file.read_text().splitlines() if line.strip()]
+    return (path.read_text().strip() + "\n\nMade by " + ", then ".join(f"`{c}`" for c in commands)
+            + ".")

@@ -18,12 +18,16 @@ candidates::
 
 Command line: ``python -m slapo.autotune --space FILE --strategy grid|search|tpe --budget N
 --db FILE -- COMMAND ...`` (:mod:`slapo.autotune.cli`). API reference: ``docs/autotune.md``.
-This package knows nothing of the benchmark harness; ``autotune/driver.py`` adapts
-``end2end.bench`` to a command objective.
+A :class:`PredictionPolicy` (``tune(..., prediction=...)``; :mod:`slapo.autotune.predict`) lets a
+simulator's predictions prune candidates predicted to run out of memory and rank the rest by
+predicted throughput before anything runs. This package knows nothing of the benchmark
+harness; ``autotune/driver.py`` adapts ``end2end.bench`` to a command objective.
 """
 
 from .objective import (STATUSES, CallableObjective, CommandObjective, Objective, Outcome,
                         as_objective)
+from .predict import (CallablePredictor, CommandPredictor, Prediction, PredictionCache,
+                      PredictionPolicy, Predictor)
 from .space import Space, Symbol
 from .strategies import STRATEGIES, TPE, Grid, OOMAwareSearch, make_strategy
 from .study import BudgetExhausted, Record, Tuner, load_records
@@ -32,4 +36,5 @@ from .tune import TuneResult, tune
 __all__ = ["Space", "Symbol", "Objective", "CallableObjective", "CommandObjective", "Outcome",
            "as_objective", "STATUSES", "Grid", "OOMAwareSearch", "TPE", "STRATEGIES",
            "make_strategy", "Tuner", "Record", "BudgetExhausted", "load_records", "tune",
-           "TuneResult"]
+           "TuneResult", "Prediction", "Predictor", "CallablePredictor", "CommandPredictor",
+           "PredictionCache", "PredictionPolicy"]

@@ -14,6 +14,14 @@ times the budget left); at the end the best candidate and the command line that 
 (and its config line when the command reports one). Re-running the same command resumes the
 study; ``--list`` prints what the study holds. Exit status: 0 with a best candidate, 1 when none
 ran ok, 2 for a usage error.
+
+Predictions (:mod:`slapo.autotune.predict`): the space file may define ``predict`` (a command
+template like ``command`` that prints one JSON prediction line), ``predict_timeout`` and
+``memory_budget_gb`` (the memory per rank a run may use). ``--prune-predicted-oom MARGIN`` does
+not run a candidate predicted above ``memory_budget_gb x (1 + MARGIN)`` (it is stored as
+``pruned``), ``--rank-by-prediction`` orders the candidates by predicted throughput,
+``--trust-predicted-oom`` lets the search's memory proofs use pruned candidates, and
+``--predictions FILE`` keeps the predictions (JSON lines) for later sessions.
 """
 
 from __future__ import annotations
@@ -72,6 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "evaluations in a row that ran without improving")
     p.add_argument("--list", action="store_true", help="print the study's stored candidates "
                    "and exit")
+    p.add_argument("--prune-predicted-oom", type=float, default=None, metavar="MARGIN",
+                   help="do not run a candidate whose predicted memory exceeds the space's "
+                   "memory_budget_gb x (1 + MARGIN) (stored as 'pruned'; needs `predict`)")
+    p.add_argument("--rank-by-prediction", action="store_true",
+                   help="predict every candidate first and evaluate by predicted throughput "
+                   "(grid: that order; tpe: its startup candidates; search: its first probe)")
+    p.add_argument("--trust-predicted-oom", action="store_true",
+                   help="search: a pruned candidate is an OOM proof for larger batches at "
+                   "smaller ratios (default: it only does not fit where it was met)")
+    p.add_argument("--predictions", default=None, metavar="FILE",
+                   help="cache of predictions (JSON lines), read and appended")
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="-- then the objective command with {symbol} placeholders")
     return p
@@ -119,8 +138,50 @@ def load_space_file(path: str) -> dict:
         raise TuneError(f"{path}:{_line_of(tree, 'timeout')}: `timeout` is {timeout!r}, not "
                         "a positive number of seconds",
                         hint="set it to the seconds a candidate may run, e.g. `timeout = 600`")
+    _check_prediction_names(ns, tree, path, space)
     ns["space"] = space
     return ns
+
+
+def _check_prediction_names(ns: dict, tree: ast.Module, path: str, space: Space) -> None:
+    """``predict`` a string or a list of strings whose placeholders name symbols or derived
+    values of the space; ``predict_timeout`` and ``memory_budget_gb`` positive numbers."""
+    from .predict import CommandPredictor
+
+    for name in ("predict_timeout", "memory_budget_gb"):
+        value = ns.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(
+                value, (int, float)) or not math.isfinite(value) or value <= 0):
+            raise TuneError(f"{path}:{_line_of(tree, name)}: `{name}` is {value!r}, not a "
+                            "positive number", hint=f"e.g. `{name} = "
+                            f"{'300' if 'timeout' in name else '1.3'}`")
+    if ns.get("predict") is None:
+        return
+    where = f"{path}:{_line_of(tree, 'predict')}"
+    predictor = CommandPredictor(ns["predict"], ns.get("predict_timeout"), where=where)
+    predictor.check([*space.names, *(r.name for r in space.derived)])
+    ns["predictor"] = predictor
+
+
+def prediction_policy(args: argparse.Namespace, ns: dict):
+    """The :class:`~slapo.autotune.predict.PredictionPolicy` the flags ask for, or None."""
+    from .predict import PredictionCache, PredictionPolicy
+
+    wanted = [flag for flag, on in (
+        ("--prune-predicted-oom", args.prune_predicted_oom is not None),
+        ("--rank-by-prediction", args.rank_by_prediction),
+        ("--trust-predicted-oom", args.trust_predicted_oom)) if on]
+    if not wanted:
+        return None
+    if ns.get("predictor") is None:
+        raise TuneError(f"{' and '.join(wanted)} need(s) a `predict` command in {args.space}",
+                        call="python -m slapo.autotune",
+                        hint="predict = ['python', '-m', 'end2end.simulate.one', ..., "
+                        "'--batch-size', '{batch_size}'] (it prints one JSON prediction line)")
+    return PredictionPolicy(ns["predictor"], memory_budget_gb=ns.get("memory_budget_gb"),
+                            prune_margin=args.prune_predicted_oom,
+                            rank=args.rank_by_prediction, trust_oom=args.trust_predicted_oom,
+                            cache=PredictionCache(args.predictions))
 
 
 def _a(value) -> str:
@@ -233,7 +294,8 @@ def _report(result: TuneResult) -> int:
     where = f" in {result.db}" if result.db else ""
     print(f"study {result.study!r}{where}: {len(result.evaluated)} evaluated ({summary}), "
           f"{result.run_now} run now; stopped: {result.stopped}"
-          + (f"; {len(result.skipped)} proven OOM, not run" if result.skipped else ""))
+          + (f"; {len(result.skipped)} proven OOM, not run" if result.skipped else "")
+          + (f"; {len(result.pruned)} pruned by prediction, not run" if result.pruned else ""))
     best = result.best
     if best is None:
         print("no candidate ran ok")
@@ -294,12 +356,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         options = {"search": dict(batch=args.batch_symbol, ratio=args.ratio_symbol,
                                   patience=args.patience),
                    "tpe": dict(seed=args.seed)}.get(args.strategy, {})
+        policy = prediction_policy(args, ns)
         budget = args.budget or len(space.candidates())
         log.info(f"{args.strategy} over {len(space.candidates())} candidates "
                  f"({space.describe()}), budget {budget}")
         result = tune(space, command, strategy=args.strategy, budget=budget, db=args.db,
                       study=study, timeout=args.timeout or ns.get("timeout"),
-                      on_record=Progress(), **options)
+                      on_record=Progress(), prediction=policy, **options)
     except TuneError as exc:
         print(f"{PROG}: error: {one_line(exc)}", file=sys.stderr, flush=True)
         return 2

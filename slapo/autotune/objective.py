@@ -175,27 +175,64 @@ class CommandObjective(Objective):
     def __call__(self, values: Mapping[str, Any]) -> Outcome:
         with tempfile.TemporaryDirectory(prefix="slapo-tune-") as tmp:
             result_file = os.path.join(tmp, "result.json")
-            argv = self.render(values, result_file)
-            env = {**os.environ, **self.env,
-                   **{f"SLAPO_TUNE_{k.upper()}": _text(v) for k, v in values.items()}}
-            start = time.time()
-            try:
-                proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env=env, cwd=self.cwd,
-                                        start_new_session=True)
-            except OSError as exc:
-                return Outcome("fail", error=f"cannot start {argv[0]!r}: {exc}")
-            try:
-                out, err = proc.communicate(timeout=self.timeout)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
+            env = {**self.env, **{f"SLAPO_TUNE_{k.upper()}": _text(v) for k, v in values.items()}}
+            run = run_command(self.render(values, result_file), self.timeout, env, self.cwd)
+            if run.started is not None:
+                return Outcome("fail", error=run.started)
+            if run.timed_out:
                 return Outcome("timeout", error=f"no result after {self.timeout:g} s "
                                f"(the command's process group was stopped)")
-            except BaseException:  # interrupted: leave no process behind
-                _kill_group(proc)
-                raise
-            extra = {"seconds": round(time.time() - start, 3), "returncode": proc.returncode}
-            return _read_result(result_file, out, err, proc.returncode, extra)
+            extra = {"seconds": run.seconds, "returncode": run.returncode}
+            return _read_result(result_file, run.stdout, run.stderr, run.returncode, extra)
+
+
+@dataclass
+class CommandRun:
+    """What :func:`run_command` saw: ``started`` is None, or why the command could not start."""
+
+    stdout: str = ""
+    stderr: str = ""
+    returncode: Optional[int] = None
+    timed_out: bool = False
+    seconds: float = 0.0
+    started: Optional[str] = None
+
+
+def run_command(argv: Sequence[str], timeout: Optional[float], env: Mapping[str, str],
+                cwd: Optional[str] = None) -> CommandRun:
+    """Run ``argv`` in a session of its own (``env`` added to this process's environment),
+    capturing its output; on ``timeout`` seconds, or an interrupt, its whole process group is
+    stopped (SIGTERM, then SIGKILL). Shared by objectives and predictors."""
+    start = time.time()
+    try:
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env={**os.environ, **env}, cwd=cwd,
+                                start_new_session=True)
+    except OSError as exc:
+        return CommandRun(started=f"cannot start {argv[0]!r}: {exc}")
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return CommandRun(timed_out=True, seconds=round(time.time() - start, 3))
+    except BaseException:  # interrupted: leave no process behind
+        _kill_group(proc)
+        raise
+    return CommandRun(out, err, proc.returncode, False, round(time.time() - start, 3))
+
+
+def json_line(out: str) -> Optional[Dict[str, Any]]:
+    """The last line of ``out`` that is a JSON object, or None."""
+    for line in reversed(out.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(data, dict):
+                return data
+    return None
 
 
 def _text(value: Any) -> str:
@@ -230,14 +267,7 @@ def _read_result(result_file: str, out: str, err: str, returncode: int,
             return Outcome("fail", error=f"result file is not JSON ({exc}): {text[:200]!r}",
                            extra=extra)
     else:
-        for line in reversed(out.splitlines()):
-            line = line.strip()
-            if line.startswith("{"):
-                try:
-                    data = json.loads(line)
-                    break
-                except json.JSONDecodeError:
-                    continue
+        data = json_line(out)
     if not isinstance(data, dict):
         tail = " | ".join((err or out).strip().splitlines()[-3:])
         return Outcome("fail", error=f"exit status {returncode}, no JSON result line: {tail}",

@@ -26,6 +26,13 @@ until it is done or the budget runs out (:class:`~slapo.autotune.study.BudgetExh
   proposal evaluated before is stored as a ``duplicate`` with the earlier outcome (nothing runs);
   after ``max_repeats`` such proposals in a row the next candidate is a random unevaluated one
   (seeded), so the budget is spent on new candidates.
+
+With a :class:`~slapo.autotune.predict.PredictionPolicy` that ranks, the grid evaluates in the
+predicted order, TPE's startup candidates are the head of that order instead of random ones, and
+the search first probes the head (the candidate predicted fastest within the memory budget; its
+planes of other symbols in the order of their best prediction). Candidates the policy prunes are
+never run; the search takes them as OOM proofs only when the policy trusts predicted OOMs
+(``trust_oom``), else a pruned candidate only "does not fit" for the binary search that met it.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ class Grid:
     name = "grid"
 
     def __call__(self, tuner: Tuner) -> None:
-        for params in tuner.space.candidates():
+        for params in tuner.ranked_candidates():
             tuner.evaluate(params)
 
 
@@ -78,13 +85,18 @@ class OOMAwareSearch:
                                 "choose them with --batch-symbol/--ratio-symbol")
         others = [n for n in tuner.space.names if n not in (self.batch, self.ratio)]
         groups: Dict[Tuple, List[Params]] = {}
-        for params in tuner.space.candidates():
+        ranked = tuner.ranked_candidates() if tuner.ranks else []
+        for params in ranked or tuner.space.candidates():  # planes in their first params' order
             groups.setdefault(tuple(params[n] for n in others), []).append(params)
+        planes = [{(p[self.batch], p[self.ratio]): p for p in group} for group in groups.values()]
         self._best: Optional[float] = None
         self._stale, self._seen = 0, set()
         try:
-            for group in groups.values():
-                self._search(tuner, {(p[self.batch], p[self.ratio]): p for p in group})
+            if ranked:  # the candidate predicted fastest within the budget, first
+                self._plane, self._oom = planes[0], []
+                self._probe(tuner, ranked[0][self.batch], ranked[0][self.ratio])
+            for plane in planes:
+                self._search(tuner, plane)
         except _EarlyStop:
             pass
 
@@ -95,7 +107,7 @@ class OOMAwareSearch:
         ratios = sorted({r for _, r in points}, reverse=True)  # from the least memory
         self._plane = points
         self._oom: List[Tuple[Any, Any]] = [  # stored OOMs (earlier sessions) are proofs too
-            point for point, params in points.items() if _status(tuner, params) == "oom"]
+            point for point, params in points.items() if _proves_oom(tuner, params)]
         top = ratios[0]
         column = [b for b in batches if (b, top) in points]
         fits = self._largest(tuner, column, lambda b: (b, top), largest_first=True)
@@ -136,9 +148,10 @@ class OOMAwareSearch:
                 self.skipped.append(params)
             return "oom"
         record: Record = tuner.evaluate(params)
-        if record.status == "oom":
+        if record.status == "oom" or (record.status == "pruned"
+                                      and tuner.trusts_predicted_oom):
             self._oom.append((b, r))
-        if record.key not in self._seen and record.status != "oom":
+        if record.key not in self._seen and record.status not in ("oom", "pruned"):
             self._seen.add(record.key)  # (stored or run now alike: a resumed search replays)
             improved = record.status == "ok" and (self._best is None
                                                   or record.throughput > self._best)
@@ -157,6 +170,13 @@ class OOMAwareSearch:
 def _status(tuner: Tuner, params: Params) -> Optional[str]:
     record = tuner.stored(params)
     return record.status if record is not None else None
+
+
+def _proves_oom(tuner: Tuner, params: Params) -> bool:
+    """A stored OOM, or a pruned candidate when the policy trusts predicted OOMs."""
+    record = tuner.known(params)
+    return record is not None and (record.status == "oom" or (
+        record.status == "pruned" and tuner.trusts_predicted_oom))
 
 
 class _EarlyStop(Exception):
@@ -181,9 +201,11 @@ class TPE:
             seed=self.seed + done, n_startup_trials=startup, multivariate=True)
         rng = random.Random(self.seed + done)
         valid = tuner.space.candidates()
+        if tuner.ranks:  # the startup candidates: the head of the predicted ranking
+            self._start_from_ranking(tuner, startup)
         repeats = 0
         for _ in itertools.count():
-            todo = [p for p in valid if tuner.stored(p) is None]
+            todo = [p for p in valid if tuner.known(p) is None]
             if not todo:
                 return
             tuner.check_budget()
@@ -198,13 +220,23 @@ class TPE:
                 tuner.tell_unevaluated(tuner_trial, params, "invalid", reason=problem)
                 repeats += 1
                 continue
-            earlier = tuner.stored(params)
+            earlier = tuner.known(params)
             if earlier is not None:
                 tuner.tell_unevaluated(tuner_trial, params, "duplicate", like=earlier)
                 repeats += 1
                 continue
             tuner.run_trial(tuner_trial, params)
             repeats = 0
+
+    @staticmethod
+    def _start_from_ranking(tuner: Tuner, startup: int) -> None:
+        """Run the best-ranked candidates until ``startup`` have been evaluated (this session
+        or stored; pruned ones do not count)."""
+        for params in tuner.ranked_candidates():
+            if sum(r.evaluated for r in tuner.records) >= startup:
+                return
+            if tuner.known(params) is None:
+                tuner.evaluate(params)
 
 
 STRATEGIES = {"grid": Grid, "search": OOMAwareSearch, "tpe": TPE}

@@ -7,7 +7,10 @@ mark proposals that were not evaluated), ``values`` (symbols and derived values)
 objective's extra data. The Optuna state follows the status so that Optuna's samplers learn
 from it: ``ok`` is COMPLETE with the throughput as the value (maximised), ``oom`` is PRUNED with
 the constraint ``memory`` violated (TPE ranks it below every feasible candidate), the others
-are FAIL (no information).
+are FAIL (no information). A candidate **pruned** by a prediction
+(:class:`~slapo.autotune.predict.PredictionPolicy`: predicted to run out of memory, so it is not
+run and not counted in the budget) is a trial of its own with status ``pruned``, the reason as
+its error and the prediction in ``extra``; to Optuna it is PRUNED and infeasible, like an OOM.
 
 **Resume.** The database (``sqlite:///FILE`` through ``optuna.storages.RDBStorage``) is written
 as each candidate finishes. Opening a study again reuses its stored outcomes: a strategy that
@@ -28,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..errors import TuneError
 from ..runtime.owner_lock import OwnerLock, OwnerLockBusy
 from .objective import Objective
+from .predict import Prediction, PredictionPolicy
 from .space import Params, Space
 
 __all__ = ["Record", "Tuner", "BudgetExhausted", "key_of", "load_records", "EVALUATED"]
@@ -125,12 +129,15 @@ class Tuner:
     ``evaluate(params)`` returns the candidate's :class:`Record`: the stored one if it was
     evaluated before (in this session or an earlier one), else it runs the objective and stores
     the result. It raises :class:`BudgetExhausted` once ``budget`` evaluations are stored.
-    ``on_record(record, tuner)`` is called after every evaluation (progress lines).
+    ``on_record(record, tuner)`` is called after every evaluation (progress lines), and after
+    every candidate pruned by ``prediction`` (a :class:`PredictionPolicy`; None: nothing is
+    predicted).
     """
 
     def __init__(self, space: Space, objective: Objective, budget: int, db: Optional[str] = None,
                  study: str = "autotune", sampler=None,
-                 on_record: Optional[Callable[[Record, "Tuner"], None]] = None):
+                 on_record: Optional[Callable[[Record, "Tuner"], None]] = None,
+                 prediction: Optional[PredictionPolicy] = None):
         optuna = import_optuna()
 
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
@@ -154,6 +161,11 @@ class Tuner:
         self.records: List[Record] = [Record.from_trial(t) for t in self.study.get_trials()]
         self._done: Dict[str, Record] = {r.key: r for r in self.records if r.evaluated}
         self.run_now = 0  # evaluations run in this session
+        self.prediction = prediction
+        self._pruned: Dict[str, Record] = {}
+        self._ranking: Optional[List[Params]] = None
+        if prediction is not None:
+            self._reuse_predictions()
 
     # -- what strategies use ----------------------------------------------------------------
     @property
@@ -169,9 +181,41 @@ class Tuner:
         """The stored evaluation of ``params``, if any."""
         return self._done.get(key_of(params))
 
+    def known(self, params: Params) -> Optional[Record]:
+        """The stored evaluation of ``params``, or its record as pruned by the prediction."""
+        key = key_of(params)
+        return self._done.get(key) or self._pruned.get(key)
+
+    @property
+    def ranks(self) -> bool:
+        """Candidates are ranked by their prediction (``PredictionPolicy.rank``)."""
+        return self.prediction is not None and self.prediction.rank
+
+    @property
+    def trusts_predicted_oom(self) -> bool:
+        """A pruned candidate counts as an OOM in memory proofs (``trust_oom``)."""
+        return self.prediction is not None and self.prediction.trust_oom
+
+    def ranked_candidates(self) -> List[Params]:
+        """The space's candidates, ranked by prediction when the policy ranks (every candidate
+        is predicted once, then cached), else in enumeration order."""
+        if not self.ranks:
+            return self.space.candidates()
+        if self._ranking is None:
+            candidates = self.space.candidates()
+            predictions = [self.prediction.predict(c, self.space.complete(c))
+                           for c in candidates]
+            self._ranking = self.prediction.order(candidates, predictions)
+        return [dict(c) for c in self._ranking]
+
+    def pruned(self) -> List[Record]:
+        """Candidates pruned by the prediction (this session and stored ones still pruned)."""
+        return sorted(self._pruned.values(), key=lambda r: r.number)
+
     def evaluate(self, params: Params) -> Record:
-        """The outcome of a candidate (stored, or run now through an enqueued Optuna trial)."""
-        done = self.stored(params)
+        """The outcome of a candidate (stored, or run now through an enqueued Optuna trial;
+        a candidate the prediction prunes is stored as ``pruned`` and not run)."""
+        done = self.known(params)
         if done is not None:
             return done
         problem = self.space.violated(params) if set(params) == set(self.space.symbols) \
@@ -206,17 +250,64 @@ class Tuner:
         self.check_budget()
         values = self.space.complete(params)
         command = self.objective.describe(values)
+        prediction = self._predict(params, values)
+        reason = self.prediction.predicted_oom(prediction) if prediction else None
+        if reason is not None:
+            return self._prune(trial, params, values, command, prediction, reason)
         start = time.time()
         outcome = self.objective(values)
+        extra = dict(outcome.extra)
+        if prediction is not None:
+            extra.update(self._prediction_extra(values, prediction))
         record = Record(trial.number, dict(params), values, outcome.status, outcome.throughput,
                         outcome.memory_gb, outcome.error, round(time.time() - start, 3),
-                        command, extra=outcome.extra)
+                        command, extra=extra)
         self._tell(trial, record)
         self._done[record.key] = record
         self.run_now += 1
         if self.on_record is not None:
             self.on_record(record, self)
         return record
+
+    def _predict(self, params: Params, values: Params) -> Optional[Prediction]:
+        """The candidate's prediction when the policy prunes or ranks (else None)."""
+        policy = self.prediction
+        if policy is None or not (policy.prunes or policy.rank):
+            return None
+        return policy.predict(params, values)
+
+    def _prediction_extra(self, values: Params, prediction: Prediction) -> Dict[str, Any]:
+        return {"prediction": prediction.to_dict(),
+                "prediction_command": self.prediction.predictor.describe(values)}
+
+    def _prune(self, trial, params: Params, values: Params, command: str,
+               prediction: Prediction, reason: str) -> Record:
+        """Store ``params`` as pruned by its prediction (not run, not in the budget)."""
+        record = Record(trial.number, dict(params), values, "pruned", error=reason,
+                        command=command, extra=self._prediction_extra(values, prediction))
+        self._tell(trial, record)
+        self._pruned[record.key] = record
+        if self.on_record is not None:
+            self.on_record(record, self)
+        return record
+
+    def _reuse_predictions(self) -> None:
+        """Predictions stored with earlier records answer again (no new simulation); a stored
+        pruned candidate stays pruned only if the current predictor made its prediction (the
+        same command line) and the current policy prunes it too."""
+        for r in self.records:
+            data, key = r.extra.get("prediction"), r.extra.get("prediction_command")
+            if not isinstance(data, dict) or not key:
+                continue
+            try:
+                prediction = Prediction.from_result(data)
+            except TuneError:
+                continue
+            self.prediction.cache.remember(key, prediction)
+            if r.status == "pruned" and r.key not in self._done \
+                    and key == self.prediction.predictor.describe(self.space.complete(r.params)) \
+                    and self.prediction.predicted_oom(prediction) is not None:
+                self._pruned[r.key] = r
 
     def tell_unevaluated(self, trial, params: Params, status: str, like: Optional[Record] = None,
                          reason: str = "") -> Record:
@@ -267,7 +358,7 @@ class Tuner:
         status = as_status or record.status
         if status == "ok":
             self.study.tell(trial, record.throughput)
-        elif status == "oom":
+        elif status in ("oom", "pruned"):
             trial.set_constraint("memory", 1.0)
             self.study.tell(trial, state=TrialState.PRUNED)
         else:

@@ -76,12 +76,15 @@ class RNGStatesTracker:
         _set_state(saved)
 
     def get_states(self) -> Dict[str, Dict[str, torch.Tensor]]:
-        """A copy of every stream's state."""
-        return {k: {d: t.clone() for d, t in v.items()} for k, v in self.states.items()}
+        """A copy of every stream's state. The state tensors are shared, not cloned: the tracker
+        never writes into one (it stores a fresh ``torch.get_rng_state()``), and a clone made
+        under a fake-tensor mode (the simulator's) would be a fake tensor that
+        ``torch.set_rng_state`` cannot read."""
+        return {k: dict(v) for k, v in self.states.items()}
 
     def set_states(self, states: Dict[str, Dict[str, torch.Tensor]]) -> None:
         """Restore states returned by :meth:`get_states`."""
-        self.states = {k: {d: t.clone() for d, t in v.items()} for k, v in states.items()}
+        self.states = {k: dict(v) for k, v in states.items()}
 
     @contextlib.contextmanager
     def fork(self, name: str = MODEL_PARALLEL_RNG) -> Iterator[None]:

@@ -145,3 +145,12 @@ def test_paper_takes_the_max_over_multi_rank_workloads_only(tmp_path):
     text = render(tmp_path, _block("paper --cpu one.tsv"))
     assert "| 2.92x | no multi-rank workload with both sides |" in text
     assert "1 of 1 workloads" in text  # the 1-rank line still counts for 'best on every model'
+
+
+def test_include_takes_a_generated_markdown_file_with_its_command(tmp_path):
+    (tmp_path / "study.md").write_text("| a |\n|---|\n| 1 |\n")
+    with pytest.raises(ReportError, match="with its .cmd beside it"):
+        render(tmp_path, _block("include study.md"))
+    (tmp_path / "study.cmd").write_text("python -m autotune.pruning --db x\n")
+    text = render(tmp_path, _block("include study.md"))
+    assert text == "| a |\n|---|\n| 1 |\n\nMade by `python -m autotune.pruning --db x`."

@@ -1,0 +1,1 @@
+python -m autotune.pruning --db docs/results/autotune-bert.db --space autotune/spaces/bert.py --grid grid --grid grid-2 --predictions docs/results/autotune-bert.predictions.jsonl --simulate --margin 0 --margin 0.1 --margin 0.25 --seeds 10 --json docs/results/autotune-bert-pruning.jsonl > docs/results/autotune-bert-pruning.md
