@@ -26,14 +26,16 @@ Schedules (kernels, sharding, checkpointing) come from ``schedule``: a callable 
 :class:`ModelSchedule` naming a recipe of :mod:`slapo.model_schedule` and its knobs (the
 benchmark driver's choice; the recipe gets the mode's tensor-parallel group, its
 ``schedule_group``: megatron's for ``slapo-megatron``, the world for ``slapo``, a one-rank group
-for ``slapo-deepspeed``, which is ZeRO-3 without TP). Activation checkpointing of the Slapo modes
+for ``slapo-deepspeed`` without a pipeline, which is ZeRO-3 without TP; a pipeline's TP block
+in both pipelined modes). Activation checkpointing of the Slapo modes
 is the schedule's business, ``ckpt`` only affects the baselines.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Callable, Dict, Iterator, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -223,7 +225,10 @@ def make_runner(
 
 def schedule_group(request: RunnerRequest) -> Any:
     """The tensor-parallel group a Slapo mode's schedule shards over (None = the world):
-    :attr:`~end2end.spec.modes.Mode.schedule_group`."""
+    :attr:`~end2end.spec.modes.Mode.schedule_group`. A pipeline (``pipeline_parallel`` > 1)
+    always gets this rank's block of ``tensor_parallel`` consecutive ranks, whatever the mode's
+    kind: ``slapo-deepspeed``'s one-rank groups are for ZeRO-3 without a pipeline (its
+    "TP 8 x PP 2" lines shard each stage over 8 ranks)."""
     kind, tp, world = (request.mode.schedule_group, request.tensor_parallel,
                        request.env.world_size)
     if kind == "megatron":
@@ -231,9 +236,11 @@ def schedule_group(request: RunnerRequest) -> Any:
 
         return initialize_megatron(tp)
     if (request.pipeline_parallel > 1 or kind in ("blocks", "single")) and world > 1:
-        # pipelines and TP x FSDP: this rank's block of tp consecutive ranks
-        # (slapo.dialects.layout); ZeRO-3 without TP: one rank per group
-        group, _ = dist.new_subgroups(group_size=1 if kind == "single" else tp)
+        # pipelines (torch or DeepSpeed) and TP x FSDP: this rank's block of tp consecutive
+        # ranks (slapo.dialects.layout, DeepSpeed's PipeModelDataParallelTopology); ZeRO-3
+        # without a pipeline: one rank per group
+        single = kind == "single" and request.pipeline_parallel == 1
+        group, _ = dist.new_subgroups(group_size=1 if single else tp)
         return group
     return None
 
@@ -256,23 +263,49 @@ def prepare_hf_model(request: RunnerRequest) -> nn.Module:
 def scheduled_model(request: RunnerRequest) -> slapo.Schedule:
     """The HF model under a schedule: the Slapo modes' recipe (on the mode's TP group, with
     per-TP-rank RNG streams), an empty schedule for the baselines (the same build path)."""
-    info, env, seed = request.mode, request.env, request.seed
+    info = request.mode
     group = schedule_group(request) if info.slapo else None
     model = prepare_hf_model(request)
     schedule = request.schedule if info.slapo else None
+    if request.pipeline_parallel > 1:
+        # the recipe runs the model to trace and cut it: its fork_rng (attention dropout on
+        # this rank's heads) needs the TP stream now; the RNG state the schedule sees is kept
+        with _rng_state_kept():
+            _seed_tensor_parallel_streams(request, group)
     if isinstance(schedule, ModelSchedule):
         sch = schedule.apply(model, group)
     else:
         sch = slapo.create_schedule(model, group=group)
         if schedule is not None:
             schedule(sch)
+    _seed_tensor_parallel_streams(request, group)
+    return sch
+
+
+def _seed_tensor_parallel_streams(request: RunnerRequest, group: Any) -> None:
+    """Per-TP-rank RNG streams for a Slapo schedule's fork_rng (attention dropout on this
+    rank's heads); the default stream is shared by the TP group (megatron-core has its own
+    tracker)."""
+    info, env = request.mode, request.env
     tp_size = dist.get_world_size(group) if env.world_size > 1 else 1  # group None: the world
     if info.slapo and info.schedule_group != "megatron" and tp_size > 1:
-        # per-TP-rank RNG streams for the schedule's fork_rng (attention dropout on this
-        # rank's heads); the default stream is shared by the TP group (megatron-core has its
-        # own tracker)
-        slapo.set_random_seed(seed, dp_rank=env.rank // tp_size, tp_rank=dist.get_rank(group))
-    return sch
+        slapo.set_random_seed(request.seed, dp_rank=env.rank // tp_size,
+                              tp_rank=dist.get_rank(group))
+
+
+@contextlib.contextmanager
+def _rng_state_kept() -> Iterator[None]:
+    """Python's, NumPy's and torch's (CPU and CUDA) default RNG states are restored on exit."""
+    import random
+
+    import numpy as np
+
+    states = random.getstate(), np.random.get_state()
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+    random.setstate(states[0])
+    np.random.set_state(states[1])
 
 
 # The builders register themselves (an explicit import, as every registry here).

@@ -143,8 +143,8 @@ def _paper(root: Path, args: Sequence[str]) -> str:
     cpu, v100, fig8 = files["cpu"], files.get("v100"), files.get("fig8")
     best = _best_ratios(cpu)
     rows = [
-        ("Max single-node speedup, best Slapo / best baseline (2 or more ranks)", "single", _max_text(best),
-         _predicted(v100, lambda p: _max_text(_best_ratios(p)))),
+        ("Max single-node speedup, best Slapo / best baseline (2 or more ranks)", "single",
+         _max_text(best), _predicted(v100, lambda p: _max_text(_best_ratios(p)))),
         ("Slapo best on every model", "every", _every_text(best),
          _predicted(v100, lambda p: _every_text(_best_ratios(p)))),
         ("Slapo-TP / Megatron-LM", "tp", _tp_text(cpu), _predicted(v100, _tp_text)),

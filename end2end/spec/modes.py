@@ -63,7 +63,8 @@ class Mode:
     schedule_group: str = "world"
     """The TP group of the Slapo schedule: ``world`` (all ranks, or TP blocks of a pipeline),
     ``megatron`` (megatron-core's TP group), ``blocks`` (blocks of ``--tp`` consecutive ranks;
-    TP x FSDP) or ``single`` (one-rank groups: ZeRO-3 without TP). Baselines: unused."""
+    TP x FSDP) or ``single`` (one-rank groups: ZeRO-3 without TP; a pipeline still gets its TP
+    blocks). Baselines: unused."""
     baselines: Tuple[str, ...] = ()
     """The modes a Slapo mode's speedup is taken over, first present first."""
     recipe: Optional[str] = None
@@ -126,7 +127,7 @@ MODE_TABLE: Dict[str, Mode] = {m.name: m for m in (
                            "use mode 'slapo-deepspeed' (a DeepSpeed PipelineModule of the "
                            "scheduled model's stages), or pp=1")),
     Mode("slapo-deepspeed", "Slapo-ZeRO3", "#c44e52", "deepspeed",
-         "the scheduled HF model under ZeRO-3 (no TP); with --pp a DeepSpeed pipeline",
+         "the scheduled HF model under ZeRO-3 (no TP); with --pp a DeepSpeed pipeline (TP x PP)",
          slapo=True, ckpt="ratio", mixed_precision=True, schedule_group="single",
          pipeline_target="deepspeed", baselines=("deepspeed",)),
     Mode("eager", "Eager", "#8172b3", "torch",

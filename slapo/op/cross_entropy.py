@@ -122,7 +122,11 @@ class VocabParallelCrossEntropy(nn.Module):
 class VocabParallelCausalLMLoss:
     """Drop-in for a HuggingFace causal LM's ``loss_function`` when its LM head is
     vocab-parallel: ``model.loss_function = VocabParallelCausalLMLoss()``. Shifts the labels
-    like HF's ``ForCausalLMLoss`` and ignores HF's (global) ``vocab_size`` argument."""
+    like HF's ``ForCausalLMLoss`` and ignores HF's (global) ``vocab_size`` argument. A tracing
+    leaf (``_slapo_leaf``): a traced forward calls it as one node (its collectives and autograd
+    function cannot be traced; :mod:`slapo.trace.leaf_calls`)."""
+
+    _slapo_leaf = True
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None):
         self.group = group

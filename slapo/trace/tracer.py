@@ -21,7 +21,9 @@ of silently computing something else. In-place item assignment (``x[..., 1:] = y
 The traced module is callable exactly like the original: its ``forward`` has the original
 parameter names, defaults, ``*args``/``**kwargs``; children, parameters and buffers keep their
 names (``state_dict`` keys are unchanged), hooks and slapo forward wrappers move to it, and plain
-attributes (``config``, ``layer_idx`` ...) are copied.
+attributes (``config``, ``layer_idx`` ...) are copied. A callable attribute whose class sets
+``_slapo_leaf = True`` (a loss that runs collectives) is one opaque node
+(:mod:`slapo.trace.leaf_calls`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from torch.fx.proxy import Attribute
 from ..errors import TraceError
 from ..runtime.forward_wrap import copy_forward_wrappers, forward_wrappers, move_hooks
 from .guards import check_branch, check_kwargs, check_specialized, model_source_site
+from .leaf_calls import leaf_callables
 from .original import keep_original
 from .stand_ins import meta_stand_ins
 from .type_checks import isinstance_sees_values
@@ -333,7 +336,7 @@ def trace_module(
     state = torch.random.get_rng_state()
     try:
         with torch.random.fork_rng(devices=[]), meta_stand_ins(mod), \
-                isinstance_sees_values(ValueProxy):
+                isinstance_sees_values(ValueProxy), leaf_callables(mod):
             graph = tracer.trace(mod)
     except TraceError as e:
         e.path = path

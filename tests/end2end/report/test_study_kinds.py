@@ -132,7 +132,8 @@ def test_seeds_summarises_the_runs_of_the_file(tmp_path):
 
 def test_provenance_names_every_command_of_a_multi_line_cmd_file(tmp_path):
     path = _figure7(tmp_path / "grid.tsv")
-    path.with_suffix(".cmd").write_text("bash autotune/run.sh\n\npython -m autotune.seeds  --db x\n")
+    path.with_suffix(".cmd").write_text(
+        "bash autotune/run.sh\n\npython -m autotune.seeds  --db x\n")
     text = render(tmp_path, _block("provenance grid.tsv"))
     assert text.endswith("made by `bash autotune/run.sh`, then `python -m autotune.seeds --db x`.")
 
