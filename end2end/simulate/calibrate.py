@@ -1,12 +1,29 @@
-"""The ``cpu`` profile: this machine, measured once and cached (``--calibrate`` re-measures).
+"""The ``cpu`` profile: this machine, measured once and cached (``--calibrate`` re-measures;
+``python -m end2end.simulate.calibrate [--out FILE]`` measures into FILE and prints it).
 
-Measured: the GEMM rate per dtype (:func:`end2end.models.flops.measure_gemm_flops`, 1024^3, best
-of three windows), the memory bandwidth (a large tensor copy) and the all-reduce latency and
-bandwidth between two local gloo ranks (``slapo.testing.run_distributed``), and how far the
-driver's CPU memory measurement (the RSS high-water mark over a baseline) exceeds the live bytes
-the simulator counts, from one real run (:data:`MEMORY_REFERENCE`, :func:`memory_overhead`;
-the profile's ``measured_overhead``). The efficiency factors are 1 (the measured rates are
-already what kernels reach) except ``memory_efficiency``; nothing else is fitted.
+What the cache file (JSON) holds, every number measured here, nothing fitted to a config:
+
+* ``eager``: the eager-PyTorch time model the simulator uses for ``--device cpu``
+  (:mod:`end2end.simulate.cpu_model`, measured by :mod:`end2end.simulate.calibrate_eager`,
+  whose docstring says what each of its numbers is): per thread count (1, and ``cores``), GEMM
+  FLOP/s over FLOPs per call per kind and dtype, elementwise bandwidth over bytes per op and a
+  slowdown per op name, and the seconds per recorded op (and per view) in the forward, backward
+  and optimizer step.
+* ``flops``: FLOP/s of a 1024^3 GEMM with every core per dtype (best of three windows,
+  :func:`end2end.models.flops.measure_gemm_flops`; float16 = bfloat16): the peak the rows' MFU
+  and ``PeakTFLOPS`` refer to.
+* ``memory_bandwidth``: bytes/s of a 128 MB tensor copy with every core (read + write).
+* ``alpha_s``, ``bandwidth``: the latency of an 8-byte all-reduce and the bandwidth (bytes/s
+  of the tensor, 64 MB) between two local gloo ranks with one thread each
+  (``slapo.testing.run_distributed``): the alpha-beta model of every collective;
+  ``eager.collective_bandwidth``: the same per kind (all-reduce, all-gather into a 64 MB
+  tensor, reduce-scatter of one), as the ring model reads it (``seconds = steps x alpha +
+  factor x bytes / bandwidth``, :func:`end2end.simulate.timing.ring_factor`).
+* ``memory_overhead``: how far the driver's CPU memory measurement (the RSS high-water mark
+  over a baseline) exceeds the live bytes the simulator counts, from one real run
+  (:data:`MEMORY_REFERENCE`, :func:`memory_overhead`; the profile's ``measured_overhead``).
+* ``threads`` (= ``cores``): ``torch.get_num_threads()`` of the measuring process (a 1-rank
+  run's threads); ``measured``: when.
 """
 
 from __future__ import annotations
@@ -16,11 +33,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
 
-__all__ = ["cpu_profile", "measure_cpu", "DEFAULT_CACHE"]
+from slapo.errors import ConfigError
+
+__all__ = ["cpu_profile", "measure_cpu", "DEFAULT_CACHE", "main"]
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / \
     "slapo" / "cpu_profile.json"
@@ -38,7 +57,8 @@ def _copy_bandwidth(seconds: float = 0.3) -> float:
 
 
 def _gloo_allreduce() -> Dict[str, float]:
-    """Latency (8-byte all-reduce) and bandwidth (64 MB) between two local gloo ranks."""
+    """Latency (8-byte all-reduce) and bandwidth (64 MB) between two local gloo ranks with one
+    thread each; the bandwidth of each kind (all-reduce, all-gather, reduce-scatter of 64 MB)."""
     from slapo.testing import run_distributed
 
     results = run_distributed(_allreduce_worker, world_size=2)
@@ -55,12 +75,27 @@ def _allreduce_worker() -> Dict[str, float]:
             dist.all_reduce(t)
         return (time.perf_counter() - began) / reps
 
+    from end2end.simulate.timing import ring_factor, ring_steps
+
+    torch.set_num_threads(1)  # as each rank of a multi-rank run (torchrun: OMP_NUM_THREADS=1)
     small, big = torch.zeros(2), torch.zeros(16 * 2**20)
+    half = torch.empty(big.numel() // 2)
     timed(small, 3)
     latency = timed(small, 50)
-    per_call = timed(big, 3)
-    # ring all-reduce moves 2 (n-1)/n of the tensor: n = 2 -> the tensor's size
-    return dict(alpha_s=latency, bandwidth=big.numel() * 4 / max(per_call - latency, 1e-9))
+    calls = dict(allreduce=lambda: dist.all_reduce(big),
+                 allgather=lambda: dist.all_gather_into_tensor(big, half),
+                 reducescatter=lambda: dist.reduce_scatter_tensor(half, big))
+    bandwidth = {}
+    for kind, call in calls.items():
+        call()
+        began = time.perf_counter()
+        for _ in range(3):
+            call()
+        seconds = (time.perf_counter() - began) / 3 - ring_steps(kind, 2) * latency
+        # what the ring model reads: seconds = factor x bytes (of the whole tensor) / bandwidth
+        bandwidth[kind] = ring_factor(kind, 2) * big.numel() * 4 / max(seconds, 1e-9)
+    return dict(alpha_s=latency, bandwidth=bandwidth["allreduce"],
+                collective_bandwidth=bandwidth)
 
 
 # the one real run that calibrates how far the CPU's memory measurement (RSS) exceeds live tensors
@@ -122,23 +157,43 @@ def measure_cpu() -> Dict[str, float]:
     flops = {name: max(measure_gemm_flops(cpu, getattr(torch, name), size=1024, seconds=0.3)
                        for _ in range(3)) for name in ("float32", "bfloat16")}
     flops["float16"] = flops["bfloat16"]
+    from end2end.simulate.calibrate_eager import measure_eager
+
     comm = _gloo_allreduce()
+    eager = dataclasses.replace(measure_eager(),
+                                collective_bandwidth=comm.pop("collective_bandwidth"))
     return dict(flops=flops, memory_bandwidth=_copy_bandwidth(), **comm,
-                memory_overhead=memory_overhead(),
+                memory_overhead=memory_overhead(), eager=eager.to_json(), cores=eager.cores,
                 threads=torch.get_num_threads(), measured=time.strftime("%Y-%m-%d %H:%M"))
 
 
 def cpu_profile(cache: Optional[str] = None, recalibrate: bool = False):
-    """The ``cpu`` :class:`~end2end.simulate.profiles.DeviceProfile` (cached measurement)."""
-    from end2end.simulate.profiles import DeviceProfile
-
+    """The ``cpu`` :class:`~end2end.simulate.profiles.DeviceProfile` (cached measurement:
+    ``cache``, default :data:`DEFAULT_CACHE`; measured when missing or ``recalibrate``)."""
     path = Path(cache) if cache else DEFAULT_CACHE
     if recalibrate or not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(measure_cpu(), indent=1))
-    data = json.loads(path.read_text())
+        path.write_text(json.dumps(measure_cpu(), indent=1) + "\n")
+    return profile_from_file(path)
+
+
+def profile_from_file(path: Path):
+    """The ``cpu`` profile of a calibration file written by :func:`cpu_profile`."""
     import psutil
 
+    from end2end.simulate.cpu_model import EagerCpuModel
+    from end2end.simulate.profiles import DeviceProfile
+
+    try:
+        data = json.loads(Path(path).read_text())
+        eager = EagerCpuModel.from_json(data["eager"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        what = ("has no eager-PyTorch measurements (an older calibration)"
+                if isinstance(exc, KeyError) else f"cannot be read ({type(exc).__name__}: {exc})")
+        raise ConfigError(f"the cpu calibration {path} {what}",
+                          call="end2end.simulate --device cpu",
+                          hint=f"re-measure it: python -m end2end.simulate.calibrate --out {path}"
+                          ) from None
     return dataclasses.replace(
         DeviceProfile("cpu", f"this machine, measured {data['measured']} ({path})",
                       float(psutil.virtual_memory().total), data["flops"],
@@ -147,4 +202,44 @@ def cpu_profile(cache: Optional[str] = None, recalibrate: bool = False):
         gemm_efficiency=1.0, memory_efficiency=0.8, kernel_overhead_s=2e-6,
         link_efficiency=1.0, alpha_s=data["alpha_s"], inter_alpha_s=data["alpha_s"],
         allocator_overhead=0.0, reserved_bytes=0.0,
-        measured_overhead=data.get("memory_overhead", 0.0))
+        measured_overhead=data.get("memory_overhead", 0.0), eager=eager)
+
+
+def describe(profile) -> str:
+    """A few lines that summarise a ``cpu`` profile (what the CLI prints)."""
+    lines = [profile.description,
+             "  GEMM 1024^3, all cores: " + ", ".join(
+                 f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in profile.flops.items()),
+             f"  copy bandwidth {profile.memory_bandwidth / 1e9:.1f} GB/s; gloo all-reduce "
+             f"alpha {profile.alpha_s * 1e6:.0f} us, {profile.intra_node_bandwidth / 1e9:.2f} "
+             f"GB/s; RSS over live bytes {profile.measured_overhead:+.0%}"]
+    for threads, m in sorted(profile.eager.per_threads.items()):
+        mm = m.gemm["float32"]["mm"]
+        lines.append(f"  {threads} thread(s): per op " + ", ".join(
+            f"{k} {v * 1e6:.1f} us" for k, v in m.op_seconds.items()) + "; per view " +
+            ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in m.view_seconds.items()))
+        lines.append("    fp32 mm GFLOP/s: " + ", ".join(
+            f"{f:.2g} FLOP {r / 1e9:.0f}" for f, r in mm.points))
+        lines.append("    add GB/s: " + ", ".join(
+            f"{b / 1e6:.2g} MB {r / 1e9:.0f}" for b, r in m.bandwidth.points))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m end2end.simulate.calibrate [--out FILE]``: measure this machine into FILE
+    (default: the cache) and print the profile."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m end2end.simulate.calibrate",
+                                description="Measure this machine for the simulator's cpu "
+                                "profile (about two minutes; run it on a quiet machine).")
+    p.add_argument("--out", default=str(DEFAULT_CACHE), help="the calibration file to write")
+    args = p.parse_args(argv)
+    print(describe(cpu_profile(args.out, recalibrate=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

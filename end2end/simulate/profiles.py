@@ -17,7 +17,10 @@ and models alike (never tuned per config or figure):
   the RSS high-water mark, calibrated by one real run): the predicted ``PerGPUMem`` is
   ``peak x (1 + measured_overhead)``, comparable with a measured row.
 
-``cpu`` is this machine, measured (:mod:`end2end.simulate.calibrate`) and cached.
+``cpu`` is this machine, measured (:mod:`end2end.simulate.calibrate`) and cached. Its ops are
+not timed by the roofline above but by the eager-PyTorch model in ``eager``
+(:class:`~end2end.simulate.cpu_model.EagerCpuModel`: per-op dispatch and autograd cost, GEMM
+rate by size, threads per rank); GPU profiles have none.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ import dataclasses
 from typing import Dict, Optional
 
 from slapo.errors import ConfigError
+
+from end2end.simulate.cpu_model import EagerCpuModel
 
 __all__ = ["DeviceProfile", "PROFILES", "get_profile"]
 
@@ -53,6 +58,7 @@ class DeviceProfile:
     allocator_overhead: float = 0.10
     reserved_bytes: float = 1.0 * GB
     measured_overhead: float = 0.0
+    eager: Optional[EagerCpuModel] = None  # ``cpu``: the eager-PyTorch time model
 
     def rate(self, dtype: str) -> float:
         """Peak FLOP/s of ``dtype`` (float32 for dtypes without a table entry)."""

@@ -42,6 +42,8 @@ class OpRecord:
     dtype: str
     phase: str
     weight: float = 1.0
+    name: str = ""  # the ATen op (overload packet), e.g. "addmm", "_softmax"
+    view: bool = False  # a view (moves nothing; eager PyTorch still dispatches it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +70,10 @@ def _nbytes(tensors: List[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _name(func) -> str:
+    return func._overloadpacket.__name__
+
+
 def _kind(func) -> str:
     name = func._overloadpacket.__name__.strip("_")
     for word, kind in (("alltoall", "alltoall"), ("all_to_all", "alltoall"),
@@ -89,10 +95,12 @@ class StepRecorder(TorchDispatchMode):
         from torch.distributed._tools.fake_collectives import collective_ops, sync_ops
         from torch.utils.flop_counter import flop_registry
 
+        from end2end.simulate.op_flops import EXTRA_FLOPS
+
         self.ops: List[OpRecord] = []
         self.collectives: List[CollectiveRecord] = []
         self.phase = "forward"
-        self._flops = flop_registry
+        self._flops = {**flop_registry, **EXTRA_FLOPS}
         self._collective_ops = collective_ops - sync_ops
         self.live = 0  # bytes of storages created in the step and still alive
         self.peak = 0
@@ -111,10 +119,15 @@ class StepRecorder(TorchDispatchMode):
             except Exception:  # noqa: BLE001  (fake tensors: data-dependent output)
                 return 1.0 if args[0].dtype.is_floating_point else 1
         out = func(*args, **kwargs)
+        if func.namespace == "prim":  # fake tensors' metadata queries (prim.device): no work
+            return out
         self._allocate(_tensors(out))
         if func in self._collective_ops:
             self._collective(func, out, args, kwargs)
-        elif not func.is_view:
+        elif func.is_view:
+            self.ops.append(OpRecord(0, 0, "", self.current_phase(), name=_name(func),
+                                     view=True))
+        else:
             self._op(func, out, args, kwargs)
         return out
 
@@ -141,7 +154,8 @@ class StepRecorder(TorchDispatchMode):
         if flops or moved:
             dtype = str((outputs or inputs)[0].dtype).replace("torch.", "") \
                 if (outputs or inputs) else "float32"
-            self.ops.append(OpRecord(flops, moved, dtype, self.current_phase()))
+            self.ops.append(OpRecord(flops, moved, dtype, self.current_phase(),
+                                     name=_name(func)))
 
     def _collective(self, func, out, args, kwargs) -> None:
         import torch.distributed as dist

@@ -73,7 +73,8 @@ def _values(spec, layout, results, profile) -> Dict[str, Any]:
 
     info = spec.mode_info
     kinds = overlapped_kinds(info.framework, info.slapo)
-    per_rank = [rank_seconds(r.ops, r.collectives, profile, kinds) for r in results]
+    on_node = min(spec.n, profile.gpus_per_node)  # ranks sharing a machine (cpu: threads)
+    per_rank = [rank_seconds(r.ops, r.collectives, profile, kinds, on_node) for r in results]
     step = step_seconds([t["total"] for t in per_rank], layout["pp"], layout["microbatches"])
     peak = max(r.memory["peak"] for r in results)
     need = peak * (1 + profile.allocator_overhead) + profile.reserved_bytes

@@ -1,7 +1,11 @@
 """The time model: a simulated rank's recorded work on a :class:`DeviceProfile`.
 
-* Each kernel: ``max(FLOPs / (peak(dtype) x gemm_efficiency), bytes / (HBM x
+* Each kernel on a GPU profile: ``max(FLOPs / (peak(dtype) x gemm_efficiency), bytes / (HBM x
   memory_efficiency)) + kernel_overhead`` (a roofline per op; views cost nothing).
+* Each op on the ``cpu`` profile: the eager-PyTorch model of :mod:`end2end.simulate.cpu_model`
+  (``max(flops / rate(kind, flops), bytes / bandwidth(op, bytes)) + per-op cost``, views their
+  own measured cost), with the threads a rank has: all cores for a 1-rank run, one per rank
+  when several ranks share the machine (``ranks_on_node``; torchrun's ``OMP_NUM_THREADS=1``).
 * Each collective: ring alpha-beta over the link it crosses: ``steps x alpha + factor x bytes /
   (bandwidth x link_efficiency)``, factor ``2 (g-1)/g`` for an all-reduce, ``(g-1)/g`` for an
   all-gather / reduce-scatter / all-to-all (of the whole tensor), 1 for a point-to-point send
@@ -10,7 +14,10 @@
 * Overlap, as each runtime does it (:data:`OVERLAPPED`): DDP's gradient all-reduce runs during
   the backward, ZeRO-3's and FSDP2's all-gathers and reduce-scatters during the forward/backward
   they prefetch for; tensor-parallel collectives are on the critical path. An overlapped
-  collective costs only what exceeds its phase's compute.
+  collective costs only what exceeds its phase's compute. On ``cpu`` nothing overlaps when the
+  ranks' threads take every core (gloo computes on the same cores), and each collective kind
+  has its measured bandwidth (gloo's all-gather and reduce-scatter are slower than its
+  all-reduce).
 * Pipelines: the slowest stage's step plus the bubble, ``(P - 1)`` of its micro-batch times.
 """
 
@@ -22,7 +29,7 @@ from end2end.simulate.profiles import DeviceProfile
 from end2end.simulate.recorder import CollectiveRecord, OpRecord
 
 __all__ = ["OVERLAPPED", "overlapped_kinds", "compute_seconds", "collective_seconds",
-           "rank_seconds", "step_seconds"]
+           "rank_seconds", "step_seconds", "ring_factor", "ring_steps"]
 
 # (framework, slapo?) -> collective kinds the runtime overlaps with compute
 OVERLAPPED: Dict[Tuple[str, bool], Set[str]] = {
@@ -39,11 +46,20 @@ def overlapped_kinds(framework: str, slapo: bool) -> Set[str]:
     return OVERLAPPED.get((framework, slapo), set())
 
 
-def compute_seconds(ops: Iterable[OpRecord], profile: DeviceProfile) -> Dict[str, float]:
-    """Roofline seconds per phase."""
+def compute_seconds(ops: Iterable[OpRecord], profile: DeviceProfile, ranks_on_node: int = 1
+                    ) -> Dict[str, float]:
+    """Seconds per phase: the roofline on GPU profiles, the eager model on ``cpu`` (module
+    docstring; ``ranks_on_node``: ranks of the run sharing this rank's machine)."""
     out: Dict[str, float] = {}
+    if profile.eager is not None:
+        model = profile.eager.for_ranks(ranks_on_node, profile.memory_bandwidth)
+        for op in ops:
+            out[op.phase] = out.get(op.phase, 0.0) + model.op_time(op) * op.weight
+        return out
     bw = profile.memory_bandwidth * profile.memory_efficiency
     for op in ops:
+        if op.view:
+            continue
         rate = profile.rate(op.dtype) * profile.gemm_efficiency
         t = max(op.flops / rate, op.bytes / bw) + profile.kernel_overhead_s
         out[op.phase] = out.get(op.phase, 0.0) + t * op.weight
@@ -54,25 +70,38 @@ def _crosses_nodes(ranks: Tuple[int, ...], per_node: int) -> bool:
     return len({r // per_node for r in ranks}) > 1
 
 
+def ring_factor(kind: str, g: int) -> float:
+    """The share of a collective's bytes each rank sends on a ring of ``g`` (module docstring)."""
+    return {"allreduce": 2 * (g - 1) / g, "p2p": 1.0, "broadcast": 1.0}.get(kind, (g - 1) / g)
+
+
+def ring_steps(kind: str, g: int) -> int:
+    """The latency-bound steps of a collective on a ring of ``g``."""
+    return 2 * (g - 1) if kind == "allreduce" else (1 if kind == "p2p" else g - 1)
+
+
 def collective_seconds(c: CollectiveRecord, profile: DeviceProfile) -> float:
-    """Alpha-beta seconds of one collective (see the module docstring)."""
+    """Alpha-beta seconds of one collective (see the module docstring; on ``cpu`` the bandwidth
+    measured for its kind where there is one)."""
     g = max(c.group_size, 1)
     if g == 1 or c.kind == "barrier":
         return 0.0
     inter = _crosses_nodes(c.ranks, profile.gpus_per_node)
     bw = (profile.inter_node_bandwidth / profile.gpus_per_node if inter
           else profile.intra_node_bandwidth) * profile.link_efficiency
+    if profile.eager is not None:
+        bw = profile.eager.collective_bandwidth.get(c.kind, bw)
     alpha = profile.inter_alpha_s if inter else profile.alpha_s
-    factor = {"allreduce": 2 * (g - 1) / g, "p2p": 1.0, "broadcast": 1.0}.get(c.kind,
-                                                                            (g - 1) / g)
-    steps = 2 * (g - 1) if c.kind == "allreduce" else (1 if c.kind == "p2p" else g - 1)
-    return steps * alpha + factor * c.bytes / bw
+    return ring_steps(c.kind, g) * alpha + ring_factor(c.kind, g) * c.bytes / bw
 
 
-def rank_seconds(ops, collectives, profile: DeviceProfile, overlapped: Set[str]
-                 ) -> Dict[str, float]:
-    """One rank's step: compute per phase, exposed and hidden communication, total."""
-    compute = compute_seconds(ops, profile)
+def rank_seconds(ops, collectives, profile: DeviceProfile, overlapped: Set[str],
+                 ranks_on_node: int = 1) -> Dict[str, float]:
+    """One rank's step: compute per phase, exposed and hidden communication, total
+    (``ranks_on_node``: see :func:`compute_seconds`)."""
+    compute = compute_seconds(ops, profile, ranks_on_node)
+    if profile.eager is not None and not profile.eager.overlaps(ranks_on_node):
+        overlapped = set()  # no core to spare for gloo: communication and compute take turns
     exposed, hidden = 0.0, 0.0
     per_phase: Dict[str, float] = {}
     for c in collectives:

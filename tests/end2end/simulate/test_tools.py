@@ -23,9 +23,13 @@ slapo tiny/gpt2 1 32 0 4 0
 
 def _calibration(path: Path) -> str:
     """A cpu profile in the cache's format (the proof's plumbing is tested, not the machine)."""
+    from end2end.simulate.cpu_model import EagerCpuModel
+
+    eager = EagerCpuModel.constant(2, flops=1e11, bandwidth=1e10, op_seconds=1e-5)
     path.write_text(json.dumps(dict(
         flops=dict(float32=1e11, bfloat16=1e11, float16=1e11), memory_bandwidth=1e10,
-        bandwidth=1e9, alpha_s=1e-4, threads=2, measured="test", memory_overhead=0.5)))
+        bandwidth=1e9, alpha_s=1e-4, threads=2, cores=2, measured="test", memory_overhead=0.5,
+        eager=eager.to_json())))
     return str(path)
 
 
@@ -56,6 +60,48 @@ def test_proof_measures_simulates_and_compares_a_tiny_config(tmp_path):
     for row in sim:
         peak = max(m["peak"] for m in row["extra"]["memory"])
         assert row["PerGPUMem"] == pytest.approx(peak * 1.5 / 1e9, rel=1e-6)
+
+
+def _measured_rows(path: Path) -> None:
+    """Measured rows of TINY's runs as the sweep writes them (two rounds; no measuring here)."""
+    from end2end.results.store import ResultRow, append_result
+
+    for repeat in (0, 1):
+        for line in TINY.splitlines()[1:]:
+            mode, model, n, seq, dec, batch, ckpt = line.split()
+            append_result(path, ResultRow(impl=mode, model=model, seq=int(seq), dec_seq=int(dec),
+                                          ngpu=int(n), batch=int(batch), ckpt=ckpt,
+                                          thrpt=(20.0 if mode == "slapo" else 10.0) + repeat,
+                                          per_gpu_mem=0.2, device="cpu", repeat=repeat),
+                          env={"cpu_model": "Test CPU"})
+
+
+@pytest.mark.timeout(900)
+def test_proof_with_measured_rows_only_simulates(tmp_path, capsys):
+    """``--measured FILE``: nothing is measured; the simulated rows, their command and the
+    report are written, and compared with FILE's rows (medians over its rounds)."""
+    from end2end.simulate.proof import main
+
+    config, measured = tmp_path / "tiny.cfg", tmp_path / "measured.tsv"
+    config.write_text(TINY)
+    _measured_rows(measured)
+    out = tmp_path / "proof"
+    argv = [str(config), "--out", str(out), "--measured", str(measured), "--only", "bert",
+            "--calibration", _calibration(tmp_path / "cpu.json")]
+    assert main(argv) == 0
+    assert not (out / "measured.tsv").exists()  # nothing measured
+    assert (out / "simulated.cmd").read_text().strip() == \
+        "python -m end2end.simulate.proof " + " ".join(argv)
+    text = (out / "proof.md").read_text()
+    rows = [ln for ln in text.splitlines() if " s=32 b=4 " in ln]
+    assert len(rows) == 2 and all("| 0.200 |" in r for r in rows), text  # bert only
+    assert "| eager tiny/bert n=1 s=32 b=4 ckpt=0 | 0.200 |" in text  # median 10.5 samples/s
+    assert "| 10.5 (10-11) |" in rows[0] and "| 20.5 (20-21) |" in rows[1], rows
+    assert "| slapo / eager | tiny/bert | 1 | 1.95x |" in text
+    # a missing measured file: one clear line, exit status 2
+    capsys.readouterr()
+    assert main([str(config), "--out", str(out), "--measured", str(tmp_path / "none.tsv")]) == 2
+    assert "--measured" in capsys.readouterr().err
 
 
 def _check(config: Path, results: Path, *args: str):
