@@ -14,6 +14,7 @@ with width_per_group 128 / 320 / 448 / 512 / 640; see ``end2end/models/build.py`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -119,6 +120,20 @@ class WideResNetForImageClassification(nn.Module):
         super().__init__()
         self.model = WideResNet(layers, width_per_group, num_classes)
         self.loss_fn = nn.CrossEntropyLoss()
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None) -> None:
+        """HF's API for the baselines' ``CKPT`` (``end2end.driver.runtimes.prepare_hf_model``):
+        every residual block recomputed in the backward (``torch.utils.checkpoint``,
+        non-reentrant unless the kwargs say otherwise), as HF models checkpoint each layer."""
+        from torch.utils.checkpoint import checkpoint
+
+        kwargs = {"use_reentrant": False, **(gradient_checkpointing_kwargs or {})}
+        net = self.model
+        for block in (b for stage in (net.layer1, net.layer2, net.layer3, net.layer4)
+                      for b in stage):
+            if not getattr(block, "_checkpointed", False):
+                block.forward = functools.partial(checkpoint, block.forward, **kwargs)
+                block._checkpointed = True
 
     def forward(self, pixel_values: torch.Tensor,
                 labels: Optional[torch.Tensor] = None) -> ImageClassifierOutput:

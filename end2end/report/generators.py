@@ -95,7 +95,8 @@ def _modes(root: Path, args: Sequence[str]) -> str:
 
 @generator("results")
 def _results(root: Path, args: Sequence[str]) -> str:
-    from end2end.results.summary import GROUPS, figure7_table, format_markdown, speedups
+    from end2end.results.summary import (GROUPS, figure7_table, format_markdown, is_predicted,
+                                         speedups)
     from end2end.spec.modes import PEER_GROUPS
 
     unknown = [a for a in args if a.startswith("--") and a != "--peers"]
@@ -107,10 +108,15 @@ def _results(root: Path, args: Sequence[str]) -> str:
         rows = [r for r in rows if r.impl in PEER_GROUPS[0]]
     table = figure7_table(rows)
     rounds = sorted({r.repeat for r in rows})
+    if is_predicted(rows):
+        note = ("Predicted samples/s of the whole job (simulated: no run measured them); a "
+                "ratio of two predictions is never paired with a measurement.")
+    else:
+        note = (f"Samples/s of the whole job: median (min-max) over {len(rounds)} interleaved "
+                "round(s); a ratio is the median of the per-round ratios (min-max), `~` when "
+                "its rounds straddle 1.0 (within noise).")
     return (format_markdown(table, speedups(table), PEER_GROUPS if peers else GROUPS)
-            + f"\n\nSamples/s of the whole job: median (min-max) over {len(rounds)} interleaved "
-            "round(s); a ratio is the median of the per-round ratios (min-max), `~` when its "
-            "rounds straddle 1.0 (within noise).")
+            + "\n\n" + note)
 
 
 @generator("best")
@@ -168,6 +174,8 @@ def _tsv(root: Path, args: Sequence[str]) -> str:
 
 @generator("provenance")
 def _provenance(root: Path, args: Sequence[str]) -> str:
+    from end2end.results.summary import is_predicted
+
     path = _results_path(root, args, "provenance")
     res = read_results(path, strict=True)
     command_file = path.with_suffix(".cmd")
@@ -186,7 +194,8 @@ def _provenance(root: Path, args: Sequence[str]) -> str:
                          (("torch", "torch"), ("transformers", "transformers"),
                           ("DeepSpeed", "deepspeed"), ("megatron-core", "megatron_core"))
                          if env.get(key))
-    return (f"Measured {span} on {env.get('cpu_model', 'an unrecorded machine')} "
+    verb = "Simulated (predictions, not measurements)" if is_predicted(res.rows) else "Measured"
+    return (f"{verb} {span} on {env.get('cpu_model', 'an unrecorded machine')} "
             f"({cores} cores), commit {', '.join(commits)}; {versions}; {len(res.rows)} rows "
             f"in [`{path.relative_to(root)}`]({_link(path, root)}), made by "
             + ", then ".join(f"`{c}`" for c in commands) + ".")

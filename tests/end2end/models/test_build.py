@@ -78,3 +78,32 @@ def test_tiny_training_step(family_model):
 def test_cpu_models_fit_cpu():
     for name in ("cpu/bert", "cpu/gpt-neo", "cpu/t5", "cpu/wideresnet"):
         assert count_parameters(build_model(name, device="meta")) < 25e6
+
+
+def test_wideresnet_gradient_checkpointing_recomputes_blocks_with_equal_gradients():
+    """The DeepSpeed baseline's CKPT calls HF's gradient_checkpointing_enable(); the zoo's
+    WideResNet has it too (the simulator found Figure 7's DeepSpeed WRN lines failing without
+    it): the same loss and gradients, and the blocks' activations recomputed in the backward."""
+    import copy
+
+    import torch
+
+    from end2end.models import build_model
+
+    torch.manual_seed(0)
+    plain = build_model("tiny/wideresnet").train()
+    ckpt = copy.deepcopy(plain)
+    ckpt.gradient_checkpointing_enable()
+    ckpt.gradient_checkpointing_enable()  # idempotent: not wrapped twice
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 3])
+    calls = []
+    block = ckpt.model.layer1[0]
+    hook = block.conv1.register_forward_hook(lambda *a: calls.append(1))
+    losses = [m(pixel_values=x, labels=y).loss for m in (plain, ckpt)]
+    for loss in losses:
+        loss.backward()
+    hook.remove()
+    assert len(calls) == 2  # forward, then again in the backward
+    torch.testing.assert_close(losses[0], losses[1])
+    for (name, a), b in zip(plain.named_parameters(), ckpt.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, msg=name)

@@ -155,3 +155,14 @@ def test_include_takes_a_generated_markdown_file_with_its_command(tmp_path):
     (tmp_path / "study.cmd").write_text("python -m autotune.pruning --db x\n")
     text = render(tmp_path, _block("include study.md"))
     assert text == "| a |\n|---|\n| 1 |\n\nMade by `python -m autotune.pruning --db x`."
+
+
+def test_simulated_rows_are_called_predictions_in_results_and_provenance(tmp_path):
+    path = _figure7(tmp_path / "sim.tsv", device="v100-32gb (simulated)", status="sim")
+    path.with_suffix(".cmd").write_text("python -m end2end.simulate c.cfg --device v100-32gb\n")
+    assert render(tmp_path, _block("provenance sim.tsv")).startswith(
+        "Simulated (predictions, not measurements) 2026-12-01")
+    assert "Predicted samples/s" in render(tmp_path, _block("results sim.tsv"))
+    measured = _figure7(tmp_path / "cpu.tsv")
+    measured.with_suffix(".cmd").write_text("x\n")
+    assert render(tmp_path, _block("provenance cpu.tsv")).startswith("Measured 2026-12-01")
