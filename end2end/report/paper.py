@@ -84,13 +84,22 @@ def _every_text(ratios: List) -> str:
             + (f"; behind: {', '.join(behind)}" if behind else ""))
 
 
+def _megatron_pair(item) -> bool:
+    """A Slapo mode under megatron-core against megatron-core's own model (Slapo-TP /
+    Megatron-LM), read from the table of modes."""
+    from end2end.spec.modes import MODE_TABLE
+
+    mode, base = MODE_TABLE.get(item.system), MODE_TABLE.get(item.baseline)
+    return (mode is not None and base is not None and mode.slapo and not base.slapo
+            and mode.framework == base.framework == "megatron")
+
+
 def _tp_text(path: Optional[Path]) -> str:
     from end2end.results.summary import figure7_table, speedups
 
     if path is None:
         return "not given"
-    items = [s for s in speedups(figure7_table(_rows(path)))
-             if s.system == "slapo-megatron" and s.baseline == "megatron"]
+    items = [s for s in speedups(figure7_table(_rows(path))) if _megatron_pair(s)]
     if not items:
         return "no Slapo-TP / Megatron-LM pair"
     values = sorted(s.ratio.value for s in items)
