@@ -108,7 +108,7 @@ _PIPELINE_HINT = ("use mode 'slapo' (torch pipeline, TP x DP x PP) or 'slapo-dee
 
 MODE_TABLE: Dict[str, Mode] = {m.name: m for m in (
     Mode("megatron", "Megatron-LM", "#4c72b0", "megatron",
-         "megatron-core's own GPT/BERT/T5 built from the HF config, TP over all ranks",
+         "megatron-core's own GPT/BERT/T5/LLaMA built from the HF config, TP over all ranks",
          tp_default=True, tp="any", ckpt="megatron", builds_own_model=True,
          pipeline_refusal=("the megatron-core baseline is built without pipeline stages by "
                            "this driver", "use mode 'slapo' (torch pipeline) or "
