@@ -9,7 +9,7 @@ tensors, whose builders :mod:`end2end.simulate.modelled` replaces for the durati
 training step (forward, backward, optimizer step: ``runner.train_step``) runs under
 :class:`~end2end.simulate.recorder.StepRecorder` which also follows the memory. A pipeline
 stage's schedule is built first, unrecorded, as a real run builds it in its warm-up
-(:func:`build_pipeline_schedule`).
+(:func:`build_pipeline_schedule`, through the runtime's public ``prepare``).
 """
 
 from __future__ import annotations
@@ -62,6 +62,10 @@ def _resident(runner) -> Dict[str, int]:
     params = list(model.parameters()) if hasattr(model, "parameters") else []
     buffers = list(model.buffers()) if hasattr(model, "buffers") else []
     states = [v for s in getattr(opt, "state", {}).values() for v in s.values()]
+    if hasattr(opt, "fp32_from_float16_groups"):  # megatron-core's fp32 masters (optimizer's)
+        from end2end.driver.megatron_optimizer import master_parameters
+
+        states += master_parameters(opt)
     return dict(param=_storage_bytes(params), buffer=_storage_bytes(buffers),
                 grad=_storage_bytes(p.grad for p in params if p.grad is not None),
                 optstate=_storage_bytes(states))
@@ -108,24 +112,25 @@ def simulate_rank(spec, layout: Dict[str, int], rank: int, gpu: bool = False) ->
 def build_pipeline_schedule(runner, batch) -> bool:
     """Build a pipeline stage's schedule before the recorded step (True if ``runner`` is one).
 
-    A stage builds it in its first step (:class:`slapo.pipeline.runner.PipelineRunner`): the
-    stages before it run once on one micro-batch, in this process, to derive its example inputs.
-    A real run does that in its warm-up, outside the measured steps, so the recorded step here is
-    the steady one; it runs under a recorder of its own (discarded) so that fake reads behave as
-    in the step. On the way the stage's unpacking of ints and shapes received packed in tensors
+    A stage builds it in its first step, or earlier through the runtime's public
+    :meth:`slapo.dialects.torch_pipeline.PipelineModel.prepare` (used here): the stages before
+    it run once on one micro-batch, in this process, to derive its example inputs. A real run
+    does that in its warm-up, outside the measured steps, so the recorded step here is the
+    steady one; the build runs under a recorder of its own (discarded) so that fake reads behave
+    as in the step. On the way the stage's unpacking of ints and shapes received packed in tensors
     learns their values (:mod:`end2end.simulate.pipeline_values`), which the fake receive
     buffers do not carry."""
     from end2end.simulate.pipeline_values import remember_packed_values
 
-    from slapo.pipeline.runner import PipelineRunner
+    from slapo.dialects.torch_pipeline import PipelineModel
 
-    pipe = getattr(runner.model, "runner", None)
-    if not isinstance(pipe, PipelineRunner):
+    model = runner.model
+    if not isinstance(model, PipelineModel):
         return False
-    remember_packed_values(pipe.stages[pipe.index])
-    if pipe._schedule is None:  # the runtime's own lazy build (private), done early
+    remember_packed_values(model.module)
+    if model.runner.schedule is None:
         with StepRecorder():
-            pipe._build({k: v.to(pipe._device) for k, v in batch.items()})
+            model.prepare(batch)
     return True
 
 

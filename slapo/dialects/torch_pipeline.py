@@ -43,10 +43,10 @@ class PipelineModel:
         module: this rank's stage, a ``GraphModule`` whose parameters keep the original paths
             (``transformer.h.2.mlp.c_fc.weight``); ``parameters()``, ``named_parameters()``,
             ``state_dict()``, ``load_state_dict()``, ``train()``/``eval()`` act on it.
-        stages: every stage; the ones before this rank's run once, at the first step, to
-            derive the values sent into it, then every other stage's parameters and buffers are
-            released (emptied: only this rank's stage stays in memory, weights it ties to
-            other stages included).
+        stages: every stage; the ones before this rank's run once, at the first step (or in
+            :meth:`prepare`), to derive the values sent into it, then every other stage's
+            parameters and buffers are released (emptied: only this rank's stage stays in
+            memory, weights it ties to other stages included).
         stage_index / num_stages: this rank's stage and their number.
         groups: the layout and this rank's pipeline / data-parallel groups.
         optimizer: the optimizer over ``module``'s parameters.
@@ -92,6 +92,21 @@ class PipelineModel:
         return self.train(False)
 
     # ------------------------------------------------------------------ training
+    def prepare(self, batch: Batch) -> Any:
+        """Build this rank's pipeline schedule ahead of the first :meth:`train_step`, from a
+        batch of the shapes training will use, as the first step would build it (model in
+        training mode; :meth:`slapo.pipeline.PipelineRunner.prepare`: the stages before this
+        rank's run once, then the other stages are released). Returns the schedule; a second
+        call, or a later step, reuses it. Local to the rank: no communication.
+
+        Raises:
+            ConfigError: the batch does not split into ``n_microbatches`` equal parts.
+        """
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        self._check_batch(batch)
+        self.train()
+        return self.runner.prepare(batch)
+
     def train_step(self, batch: Batch) -> float:
         """One optimizer step; returns the loss averaged over micro-batches and data-parallel
         replicas, on every rank.
@@ -101,6 +116,7 @@ class PipelineModel:
         tensor-parallel ranks on their group's first rank's batch. The batch is split into
         ``n_microbatches``; gradients are accumulated over them (mean), summed over the stages
         sharing a tied parameter, averaged over data-parallel replicas; then the optimizer steps.
+        The first step builds the pipeline schedule unless :meth:`prepare` did.
 
         Raises:
             ConfigError: the batch does not split into ``n_microbatches`` equal parts.

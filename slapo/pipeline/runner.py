@@ -62,6 +62,9 @@ class _ContiguousStage(nn.Module):
 class PipelineRunner:
     """Trains stage ``rank`` of ``stages`` with ``torch.distributed.pipelining``.
 
+    The stage's schedule is built by :meth:`prepare`, which the first :meth:`step` calls unless
+    it was called before (e.g. to keep the build out of a timed step).
+
     Args:
         stages: all stage modules (from :func:`build_pipeline_stages`); this rank runs
             ``stages[stage_index]`` (default: its rank); the stages before it run once, on
@@ -94,7 +97,7 @@ class PipelineRunner:
         self.index = dist.get_rank(group) if stage_index is None else stage_index
         self.n_micro, self.group, self.loss_of = n_microbatches, group, loss_of
         self._pp, self._kind = pp, schedule
-        self._schedule = None
+        self._schedule: Any = None
         self._device = device or torch.device("cpu")
         self._release_others = release_others
         self._tie_groups = []
@@ -107,6 +110,49 @@ class PipelineRunner:
             mine = [name for s, name in tie if s == self.index]
             if mine:
                 self._tie_groups.append((pg, mine[0]))
+
+    @property
+    def device(self) -> torch.device:
+        """Where this rank's stage runs (and the stages before it run once, in
+        :meth:`prepare`)."""
+        return self._device
+
+    @property
+    def schedule(self) -> Any:
+        """This stage's ``torch.distributed.pipelining`` schedule (``ScheduleGPipe`` or
+        ``Schedule1F1B``), or ``None`` until :meth:`prepare` (or the first :meth:`step`) has
+        built it."""
+        return self._schedule
+
+    def prepare(self, inputs: Dict[str, torch.Tensor]) -> Any:
+        """Build this stage's schedule ahead of the first :meth:`step`, from a batch of the
+        shapes training will use (keyword inputs of the model, batch first, on :attr:`device`);
+        returns :attr:`schedule`. Called again, it returns the schedule already built.
+
+        The first :meth:`step` calls it itself; call it earlier to keep the build out of a
+        timed or recorded step. The build is local (no communication): the stages up to this
+        rank's run once, on one micro-batch, to derive the stage's example inputs and outputs
+        (the values passed between stages); their gradients are dropped and, with
+        ``release_others``, the other stages' parameters are released. Only the micro-batch's
+        shapes matter on stages after the first. A later step's micro-batches must have the
+        same shapes.
+
+        Raises:
+            PipelineError: no inputs, or a batch whose leading size does not split into
+                ``n_microbatches`` equal parts.
+        """
+        if self._schedule is None:
+            self._check_inputs(inputs)
+            self._build(inputs)
+        return self._schedule
+
+    def _check_inputs(self, inputs: Dict[str, torch.Tensor]) -> None:
+        sizes = sorted({v.shape[0] for v in inputs.values() if v.dim() > 0})
+        if len(sizes) != 1 or sizes[0] % self.n_micro:
+            raise PipelineError(
+                f"cannot split a batch with leading sizes {sizes} into {self.n_micro} "
+                "micro-batches", call="PipelineRunner.prepare",
+                hint=f"give keyword tensors whose batch size is a multiple of {self.n_micro}")
 
     def _build(self, inputs: Dict[str, torch.Tensor]) -> None:
         pp = self._pp
@@ -140,9 +186,9 @@ class PipelineRunner:
 
     def step(self, inputs: Dict[str, torch.Tensor]) -> Optional[torch.Tensor]:
         """Forward + backward of one batch (keyword inputs of the model); gradients are left
-        in the stage's parameters. Returns the mean loss on the last stage, else None."""
-        if self._schedule is None:
-            self._build(inputs)
+        in the stage's parameters. Returns the mean loss on the last stage, else None.
+        The first call builds the schedule (:meth:`prepare`) unless it was built before."""
+        self.prepare(inputs)
         batch = next(iter(inputs.values())).shape[0]
         losses: List[torch.Tensor] = []
         kwargs = inputs if self.index == 0 else {}
