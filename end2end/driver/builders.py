@@ -21,7 +21,7 @@ from end2end.driver.runtimes import (Batch, ModelSchedule, Runner, RunnerRequest
                                      prepare_hf_model, scheduled_model, builds,
                                      default_deepspeed_config)
 
-__all__ = ["pipeline_runner"]
+__all__ = ["pipeline_runner", "plain_torch_step"]
 
 
 def _deepspeed_step(engine: Any) -> Callable[[Batch], float]:
@@ -38,9 +38,13 @@ def _deepspeed_step(engine: Any) -> Callable[[Batch], float]:
     return step
 
 
-def _torch_step(model: nn.Module, opt: torch.optim.Optimizer,
-                dp_group: Any = None) -> Callable[[Batch], float]:
-    """Plain PyTorch: forward, backward, optimizer step; the loss averaged over ``dp_group``."""
+def plain_torch_step(model: nn.Module, opt: torch.optim.Optimizer,
+                     dp_group: Any = None) -> Callable[[Batch], float]:
+    """The training step of a model on plain PyTorch (also under DDP or FSDP2): a function
+    ``step(batch) -> loss`` that zeroes the gradients, runs forward (keyword inputs moved to the
+    model's device; the model returns ``.loss``), backward and ``opt.step()``, and returns the
+    loss averaged over ``dp_group`` (``None``: this rank's). The builders of the torch modes
+    use it, and the simulator's stand-in for DeepSpeed (:mod:`end2end.simulate.modelled`)."""
     device = next(model.parameters()).device
 
     def step(batch: Batch) -> float:
@@ -73,6 +77,7 @@ def _megatron_baseline(request: RunnerRequest) -> Runner:
     from slapo.dialects.megatron import MegatronRuntime
 
     from end2end.driver.baselines.megatron_core import build_megatron_model, megatron_loss_fn
+    from end2end.driver.megatron_optimizer import megatron_optimizer_factory
 
     config = config_of(request.model_or_config)
     if isinstance(config, nn.Module):
@@ -84,7 +89,8 @@ def _megatron_baseline(request: RunnerRequest) -> Runner:
                                  seed=request.seed)
     if request.dtype is not None:
         model = model.to(request.dtype)
-    opt = request.optimizer([p for p in model.parameters() if p.requires_grad])
+    opt = megatron_optimizer_factory(request.optimizer, request.dtype)(
+        [p for p in model.parameters() if p.requires_grad])
     runtime = MegatronRuntime(model, opt, megatron_loss_fn(config), request.num_microbatches)
     return Runner(request.mode.name, model, opt, runtime.train_step)
 
@@ -92,8 +98,11 @@ def _megatron_baseline(request: RunnerRequest) -> Runner:
 @builds("slapo-megatron")
 def _megatron_runner(request: RunnerRequest) -> Runner:
     """The scheduled model under megatron-core's runtime."""
+    from end2end.driver.megatron_optimizer import megatron_optimizer_factory
+
     runtime, opt = slapo.build(scheduled_model(request), target="megatron",
-                               optimizer=request.optimizer,
+                               optimizer=megatron_optimizer_factory(request.optimizer,
+                                                                    request.dtype),
                                num_microbatches=request.num_microbatches)
     return Runner(request.mode.name, runtime.module, opt, runtime.train_step)
 
@@ -105,7 +114,7 @@ def _fsdp_runner(request: RunnerRequest) -> Runner:
                              optimizer=request.optimizer,
                              mixed_precision=request.dtype if request.low_precision else None)
     dp_group = dist.group.WORLD if request.env.world_size > 1 else None
-    return Runner(request.mode.name, built, opt, _torch_step(built, opt, dp_group))
+    return Runner(request.mode.name, built, opt, plain_torch_step(built, opt, dp_group))
 
 
 def _with_mode_recipe(request: RunnerRequest) -> RunnerRequest:
@@ -128,7 +137,7 @@ def _torch_runner(request: RunnerRequest) -> Runner:
     if not request.mode.slapo and request.env.world_size > 1:  # data parallel
         built = torch.nn.parallel.DistributedDataParallel(built)
         dp_group = dist.group.WORLD
-    return Runner(request.mode.name, built, opt, _torch_step(built, opt, dp_group))
+    return Runner(request.mode.name, built, opt, plain_torch_step(built, opt, dp_group))
 
 
 @builds("deepspeed", "slapo-deepspeed")
@@ -184,7 +193,7 @@ def _hf_tp_runner(request: RunnerRequest) -> Runner:
     env = request.env
     model = apply_hf_tensor_parallel(prepare_hf_model(request).to(env.device), env.world_size)
     opt = request.optimizer([p for p in model.parameters() if p.requires_grad])
-    return Runner(request.mode.name, model, opt, _torch_step(model, opt))
+    return Runner(request.mode.name, model, opt, plain_torch_step(model, opt))
 
 
 def pipeline_runner(request: RunnerRequest, sch: slapo.Schedule) -> Runner:

@@ -9,8 +9,12 @@ framework, layout, precision, what it accepts) is its entry in the table of mode
 the HF model go through the same path as their Slapo counterparts with an empty schedule
 (``slapo.build(target=...)``), so a pair differs only in its schedule.
 
-Low precision (``dtype`` bf16/fp16): modes with ``mixed_precision`` (DeepSpeed, FSDP2) keep fp32
-master weights; the others train the model cast to ``dtype``.
+Low precision (``dtype`` bf16/fp16): modes with ``mixed_precision`` keep fp32 master weights and
+fp32 optimizer states: DeepSpeed and FSDP2 are given the fp32 model and cast their compute copy
+themselves; ``megatron`` and ``slapo-megatron`` train the model cast to ``dtype`` under
+megatron-core's ``Float16OptimizerWithFloat16Params`` (fp32 masters, fp16 with Megatron-LM's
+dynamic loss scaling: :mod:`end2end.driver.megatron_optimizer`), as Megatron-LM does. The others
+train the model cast to ``dtype`` with the optimizer's states in ``dtype`` (pure low precision).
 
 **Pipelines** (``pipeline_parallel`` > 1, the modes with a ``pipeline_target``: ``slapo`` and
 ``slapo-deepspeed``): the schedule must cut the model into that many stages (the driver passes
@@ -192,8 +196,9 @@ def make_runner(
         num_microbatches: micro-batches per step of the ``*megatron`` modes and pipelines.
         seed: weights are drawn after ``torch.manual_seed(seed)``.
         dtype: training precision (default fp32). Modes with
-            :attr:`~end2end.spec.modes.Mode.mixed_precision` keep fp32 master weights; the
-            others train the model cast to ``dtype`` (pure low precision).
+            :attr:`~end2end.spec.modes.Mode.mixed_precision` keep fp32 master weights (in the
+            runtime, or in megatron-core's optimizer); the others train the model cast to
+            ``dtype`` (pure low precision).
         tensor_parallel: TP size of the modes that take one (default: the world size for the
             modes whose default layout is TP and for pipelines, else 1: ``slapo-fsdp`` is
             FSDP2 alone; T > 1: TP over blocks of T consecutive ranks x FSDP over the rest).
@@ -248,14 +253,15 @@ def schedule_group(request: RunnerRequest) -> Any:
 def prepare_hf_model(request: RunnerRequest) -> nn.Module:
     """The HF model of a mode that trains it: built from the config unless given, HF gradient
     checkpointing for a baseline with ``ckpt``, cast to a low ``dtype`` unless the runtime keeps
-    fp32 master weights."""
+    fp32 master weights of the fp32 model (:attr:`~end2end.spec.modes.Mode.master_weights`)."""
     model = request.model_or_config
     if not isinstance(model, nn.Module):
         model = hf_model_from_config(config_of(model), request.seed)
     ckpt = request.ckpt
     if request.mode.ckpt == "hf" and ckpt and ckpt != "0":
         model.gradient_checkpointing_enable()
-    if request.low_precision and not request.mode.mixed_precision:
+    mode = request.mode
+    if request.low_precision and (not mode.mixed_precision or mode.master_weights != "runtime"):
         model = model.to(request.dtype)
     return model
 

@@ -207,3 +207,4 @@ def _link(path: Path, root: Path) -> str:
 
 from . import paper, studies  # noqa: E402,F401  (register their kinds)
 from . import proof_table  # noqa: E402,F401  (registers the kind proof)
+from . import predicted  # noqa: E402,F401  (registers ablation-predicted, grid-predicted)

@@ -1,11 +1,14 @@
 """The generated block ``paper``: the paper's headline numbers beside this artifact's.
 
-``<!-- report: paper --cpu FILE [--v100 FILE] [--fig8 FILE] [--grid DB] -->``: one row per claim
+``<!-- report: paper --cpu FILE [--v100 FILE] [--fig8 FILE] [--grid DB] [--tune-v100 FILE]
+[--ablation-v100 FILE] -->``: one row per claim
 of the paper (ASPLOS'24; the values and their sources in :data:`PAPER`), with what the CPU
 results (``--cpu``: a Figure 7 results file measured here) say, what the simulator predicts
 for the paper's machines (``--v100``: ``single_node_asplos24.cfg`` simulated on ``v100-32gb``;
 ``--fig8``: ``multi_node_fig8.cfg``), marked as predictions, and the auto-tuning grid's optimum
-(``--grid``). A file not given is a cell saying so; measured and simulated rows are never put
+(``--grid``; ``--tune-v100``: the paper-scale grid's predictions, ``python -m
+autotune.predicted_grid``). ``--ablation-v100`` (a simulated paper-scale ablation) adds the row
+of Figure 9. A file not given is a cell saying so; measured and simulated rows are never put
 into one ratio (:func:`end2end.results.summary.figure7_table` refuses a mixed file).
 """
 
@@ -29,8 +32,11 @@ PAPER: Dict[str, tuple] = {
     "multi": ("1.41x", "arXiv v2 abstract: up to 64 GPUs (8 nodes of 8 x V100), Figure 8"),
     "tune": ("17.25 samples/s at batch 18, ratio 0.25", "Figure 10's plot data (BERT-1B series, "
              "8 x V100; range 11.5-17.25)"),
+    "ablation": ("every step faster than the one before (a figure: no numbers given)",
+                 "the artifact's evaluation conclusion (iii), Figure 9 (BERT-1B: steps 1-2 on "
+                 "1 GPU, 3-4 on 8)"),
 }
-OPTIONS = ("--cpu", "--v100", "--fig8", "--grid")
+OPTIONS = ("--cpu", "--v100", "--fig8", "--grid", "--tune-v100", "--ablation-v100")
 
 
 def _options(root: Path, args: Sequence[str]) -> Dict[str, Path]:
@@ -146,6 +152,39 @@ def _predicted(path: Optional[Path], text) -> str:
     return f"{text(path)} *(predicted)*"
 
 
+def _tune_v100_text(path: Path) -> str:
+    """The predicted optimum of a paper-scale grid's predictions and how many are OOM."""
+    import json
+
+    from autotune.predicted_grid import predicted_optimum, predicted_outcomes
+    from autotune.pruning import load_predictions
+
+    outcomes = predicted_outcomes(load_predictions(str(path)))
+    if not outcomes:
+        raise ReportError(f"'paper' --tune-v100: {path.name} has no predictions",
+                          hint="python -m autotune.predicted_grid ... --simulate")
+    key, best = predicted_optimum(outcomes)
+    where = ", ".join(f"{k} {v:g}" for k, v in json.loads(key).items())
+    oom = sum(o["status"] == "oom" for o in outcomes.values())
+    return (f"{best['throughput']:.3g} samples/s at {where}; {oom} of {len(outcomes)} "
+            "candidates predicted OOM *(predicted)*")
+
+
+def _ablation_v100_text(path: Path) -> str:
+    """Each step of a simulated ablation: predicted samples/s, or its status."""
+    from .predicted import simulated_steps
+
+    steps = simulated_steps(path)
+    vanilla = next((r.thrpt for s, r in steps if s.index == 0 and r.status == "sim"), None)
+    parts = []
+    for step, row in steps:
+        value = (f"{row.thrpt:.3g}" + (f" ({row.thrpt / vanilla:.2f}x)" if vanilla and
+                                         step.index else "")
+                 if row.status == "sim" else row.status)
+        parts.append(f"{step.label} {value} (n={row.ngpu})")
+    return f"`{steps[0][1].model}`: {', '.join(parts)} *(predicted)*"
+
+
 @generator("paper")
 def _paper(root: Path, args: Sequence[str]) -> str:
     files = _options(root, args)
@@ -160,8 +199,12 @@ def _paper(root: Path, args: Sequence[str]) -> str:
         ("Max multi-node speedup (16-64 GPUs)", "multi", "not measurable here (one machine)",
          _predicted(fig8, lambda p: _max_text(_best_ratios(p)))),
         ("Auto-tuning optimum (Figure 10)", "tune", _grid_text(files.get("grid")),
-         "not simulated"),
+         _tune_v100_text(files["tune-v100"]) if "tune-v100" in files else "not simulated"),
     ]
+    if "ablation-v100" in files:
+        rows.append(("Progressive ablation (Figure 9), samples/s per step", "ablation",
+                     "at CPU scale: ablation/README.md",
+                     _ablation_v100_text(files["ablation-v100"])))
     lines = ["| Claim | Paper (V100) | This artifact, measured on CPU | Paper's machines, "
              "simulated |", "|---|---|---|---|"]
     lines += [f"| {claim} | {PAPER[key][0]} | {ours} | {sim} |" for claim, key, ours, sim in rows]

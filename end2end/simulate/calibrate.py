@@ -22,6 +22,11 @@ What the cache file (JSON) holds, every number measured here, nothing fitted to 
 * ``memory_overhead``: how far the driver's CPU memory measurement (the RSS high-water mark
   over a baseline) exceeds the live bytes the simulator counts, from one real run
   (:data:`MEMORY_REFERENCE`, :func:`memory_overhead`; the profile's ``measured_overhead``).
+* ``eager.runtime_seconds``: what DeepSpeed ZeRO-3 adds per step beyond the recorded ops,
+  seconds per hooked module, parameter and parameter byte per phase, measured with a real
+  engine on 2 gloo ranks (:mod:`end2end.simulate.calibrate_zero3`).
+* ``format``: :data:`FORMAT` (a file of another format is refused with the command to
+  re-measure it).
 * ``threads`` (= ``cores``): ``torch.get_num_threads()`` of the measuring process (a 1-rank
   run's threads); ``measured``: when.
 """
@@ -39,7 +44,13 @@ import torch
 
 from slapo.errors import ConfigError
 
-__all__ = ["cpu_profile", "measure_cpu", "DEFAULT_CACHE", "main"]
+__all__ = ["cpu_profile", "measure_cpu", "DEFAULT_CACHE", "FORMAT", "main"]
+
+#: the calibration file's format; a file of another format is refused with the command to
+#: re-measure it (what each format added: :data:`FORMAT_CHANGES`)
+FORMAT = 2
+FORMAT_CHANGES = {1: "the eager-PyTorch model",
+                  2: "DeepSpeed ZeRO-3's seconds per hooked module, parameter and byte"}
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / \
     "slapo" / "cpu_profile.json"
@@ -159,10 +170,15 @@ def measure_cpu() -> Dict[str, float]:
     flops["float16"] = flops["bfloat16"]
     from end2end.simulate.calibrate_eager import measure_eager
 
+    from end2end.simulate.calibrate_zero3 import measure_zero3
+
     comm = _gloo_allreduce()
+    runtime = measure_zero3(dict(alpha_s=comm["alpha_s"],
+                                 collective_bandwidth=comm["collective_bandwidth"]))
     eager = dataclasses.replace(measure_eager(),
-                                collective_bandwidth=comm.pop("collective_bandwidth"))
-    return dict(flops=flops, memory_bandwidth=_copy_bandwidth(), **comm,
+                                collective_bandwidth=comm.pop("collective_bandwidth"),
+                                runtime_seconds=runtime)
+    return dict(format=FORMAT, flops=flops, memory_bandwidth=_copy_bandwidth(), **comm,
                 memory_overhead=memory_overhead(), eager=eager.to_json(), cores=eager.cores,
                 threads=torch.get_num_threads(), measured=time.strftime("%Y-%m-%d %H:%M"))
 
@@ -184,6 +200,7 @@ def profile_from_file(path: Path):
     from end2end.simulate.cpu_model import EagerCpuModel
     from end2end.simulate.profiles import DeviceProfile
 
+    hint = f"re-measure it: python -m end2end.simulate.calibrate --out {path}"
     try:
         data = json.loads(Path(path).read_text())
         eager = EagerCpuModel.from_json(data["eager"])
@@ -191,9 +208,12 @@ def profile_from_file(path: Path):
         what = ("has no eager-PyTorch measurements (an older calibration)"
                 if isinstance(exc, KeyError) else f"cannot be read ({type(exc).__name__}: {exc})")
         raise ConfigError(f"the cpu calibration {path} {what}",
-                          call="end2end.simulate --device cpu",
-                          hint=f"re-measure it: python -m end2end.simulate.calibrate --out {path}"
-                          ) from None
+                          call="end2end.simulate --device cpu", hint=hint) from None
+    if data.get("format", 1) != FORMAT:
+        raise ConfigError(f"the cpu calibration {path} has format {data.get('format', 1)}, this "
+                          f"simulator reads format {FORMAT} (it measures more: "
+                          f"{FORMAT_CHANGES[FORMAT]})", call="end2end.simulate --device cpu",
+                          hint=hint)
     return dataclasses.replace(
         DeviceProfile("cpu", f"this machine, measured {data['measured']} ({path})",
                       float(psutil.virtual_memory().total), data["flops"],
@@ -213,6 +233,13 @@ def describe(profile) -> str:
              f"  copy bandwidth {profile.memory_bandwidth / 1e9:.1f} GB/s; gloo all-reduce "
              f"alpha {profile.alpha_s * 1e6:.0f} us, {profile.intra_node_bandwidth / 1e9:.2f} "
              f"GB/s; RSS over live bytes {profile.measured_overhead:+.0%}"]
+    zero3 = profile.eager.runtime_seconds
+    if zero3:
+        lines.append("  ZeRO-3 per step (us) per module / parameter / MB: " + ", ".join(
+            f"{phase} {zero3.get(f'zero3.module.{phase}', 0) * 1e6:.0f} / "
+            f"{zero3.get(f'zero3.param.{phase}', 0) * 1e6:.0f} / "
+            f"{zero3.get(f'zero3.byte.{phase}', 0) * 1e12:.0f}"
+            for phase in ("forward", "backward", "optimizer")))
     for threads, m in sorted(profile.eager.per_threads.items()):
         mm = m.gemm["float32"]["mm"]
         lines.append(f"  {threads} thread(s): per op " + ", ".join(
@@ -232,7 +259,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m end2end.simulate.calibrate",
                                 description="Measure this machine for the simulator's cpu "
-                                "profile (about two minutes; run it on a quiet machine).")
+                                "profile (about 2.5 minutes; run it on a quiet machine).")
     p.add_argument("--out", default=str(DEFAULT_CACHE), help="the calibration file to write")
     args = p.parse_args(argv)
     print(describe(cpu_profile(args.out, recalibrate=True)))

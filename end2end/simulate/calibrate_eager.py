@@ -20,7 +20,8 @@ after a warm-up). What each number means (all per thread count):
 * ``bandwidth``: bytes/s of ``add`` over the bytes it moves (inputs + outputs), 2^14-2^24
   elements (the largest, 64 MiB tensors, above glibc's 32 MiB mmap threshold: their output
   pages are faulted in on every call, as in a training step).
-* ``slowdown[op]``: for softmax, dropout, layer and batch norm, GELU, tanh, ReLU, ``where``,
+* ``slowdown[op]``: for softmax, dropout (``native_dropout``, and ``bernoulli_``: the random
+  numbers of eager dropout on a CPU), layer and batch norm, GELU, tanh, ReLU, ``where``,
   ``masked_fill``, log-softmax, sums, copies and their backward ops, at 2^21 elements: the op's
   seconds over an ``add``'s moving the same bytes.
 * ``op_seconds[phase]``: a chain of 200 tiny ops (``tanh`` and ``mul`` on 64 elements) with
@@ -173,6 +174,7 @@ def _elementwise_cases(n: int) -> Dict[str, Callable[[], object]]:
     soft, logsoft, th = aten._softmax(a, -1, False), aten._log_softmax(a, -1, False), a.tanh()
     _, mean, rstd = aten.native_layer_norm(a, [shape[1]], w, bias, 1e-5)
     _, keep = aten.native_dropout(a, 0.1, True)
+    noise = torch.empty(shape)
     image = a.reshape(8, 64, -1, 1) if n >= 512 else a.reshape(1, 1, -1, 1)  # N C H W
     ones, zeros = torch.ones(image.shape[1]), torch.zeros(image.shape[1])
     _, bn_mean, bn_rstd = aten.native_batch_norm(image, ones, zeros, None, None, True, 0.1,
@@ -187,6 +189,9 @@ def _elementwise_cases(n: int) -> Dict[str, Callable[[], object]]:
         "_log_softmax_backward_data":
             lambda: aten._log_softmax_backward_data(g, logsoft, -1, f32),
         "native_dropout": lambda: aten.native_dropout(a, 0.1, True),
+        # eager dropout on a CPU: ``empty_like(x).bernoulli_(1 - p)``, then ``div_``, ``mul``;
+        # drawing the random numbers is the slow part (one thread on this machine)
+        "bernoulli_": lambda: aten.bernoulli_.float(noise, 0.9),
         "native_dropout_backward": lambda: aten.native_dropout_backward(g, keep, 1 / 0.9),
         "where": lambda: aten.where.self(mask, a, b),
         "masked_fill": lambda: aten.masked_fill.Scalar(a, mask, 0.0),

@@ -41,9 +41,14 @@ from typing import Dict, Sequence, Tuple
 from slapo.errors import ConfigError
 
 __all__ = ["Curve", "ThreadModel", "EagerCpuModel", "gemm_kind", "threads_per_rank",
-           "interpolate"]
+           "interpolate", "RUNTIME_COSTS"]
 
 Points = Tuple[Tuple[float, float], ...]
+
+#: costs of a runtime outside the ops the simulator records, charged per unit (the record's
+#: ``weight``) at the measured seconds of ``<name>.<phase>``: DeepSpeed ZeRO-3's Python per hooked
+#: module, per parameter and per parameter byte (:mod:`end2end.simulate.calibrate_zero3`)
+RUNTIME_COSTS = ("zero3.module", "zero3.param", "zero3.byte")
 
 #: ATen op name -> the GEMM curve it uses (other ops with FLOPs use ``mm``)
 GEMM_KINDS = {"mm": "mm", "addmm": "mm", "_addmm_activation": "mm", "bmm": "bmm",
@@ -113,6 +118,9 @@ class ThreadModel:
     op_seconds: Dict[str, float]
     view_seconds: Dict[str, float]
     dram_bandwidth: float = 0.0  # bytes/s of DRAM this rank gets (0: no cap; set by for_ranks)
+    #: runtime cost -> seconds per unit (``zero3.module.forward`` ...; set by for_ranks from
+    #: :attr:`EagerCpuModel.runtime_seconds`)
+    runtime_seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     def rate(self, dtype: str, kind: str, flops: float) -> float:
         """FLOP/s of one call of ``flops`` (float32's curves for a dtype not measured, ``mm``'s
@@ -124,6 +132,8 @@ class ThreadModel:
         """Seconds of one :class:`~end2end.simulate.recorder.OpRecord` (module docstring)."""
         if op.view:
             return self.view_seconds.get(op.phase, 0.0)
+        if op.name in RUNTIME_COSTS:  # a modelled runtime's cost: seconds per unit (weight)
+            return self.runtime_seconds.get(f"{op.name}.{op.phase}", 0.0)
         work = 0.0
         if op.flops:
             work = op.flops / self.rate(op.dtype, gemm_kind(op.name), op.flops)
@@ -132,7 +142,14 @@ class ThreadModel:
             if self.dram_bandwidth:
                 bandwidth = min(bandwidth, self.dram_bandwidth)
             work = max(work, op.bytes * self.slowdown.get(op.name, 1.0) / bandwidth)
-        return work + self.op_seconds.get(op.phase, self.op_seconds["forward"])
+        return work + self.fixed_seconds(op)
+
+    def fixed_seconds(self, op) -> float:
+        """The per-op cost of a recorded op that is not a view (its phase's ``op_seconds``; a
+        modelled runtime cost is all fixed)."""
+        if op.name in RUNTIME_COSTS:
+            return self.op_time(op)
+        return self.op_seconds.get(op.phase, self.op_seconds["forward"])
 
     def to_json(self) -> dict:
         return dict(threads=self.threads,
@@ -170,6 +187,10 @@ class EagerCpuModel:
     #: the ring model reads it (gloo's all-gather and reduce-scatter are slower than its
     #: all-reduce); kinds not measured use the profile's all-reduce bandwidth
     collective_bandwidth: Dict[str, float] = dataclasses.field(default_factory=dict)
+    #: ``zero3.<module|param|byte>.<phase>`` -> seconds per hooked module / parameter /
+    #: parameter byte per step that DeepSpeed ZeRO-3 adds on a rank of 2 local ranks with one
+    #: thread each (:mod:`end2end.simulate.calibrate_zero3`); empty: not measured (costs 0)
+    runtime_seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     def overlaps(self, ranks_on_node: int) -> bool:
         """Whether communication can overlap compute: only with a core to spare for it. Gloo
@@ -189,7 +210,8 @@ class EagerCpuModel:
                               hint="re-measure: python -m end2end.simulate.calibrate")
         best = min(self.per_threads, key=lambda t: (abs(t - want), t))
         return dataclasses.replace(self.per_threads[best],
-                                   dram_bandwidth=dram_bandwidth / max(ranks_on_node, 1))
+                                   dram_bandwidth=dram_bandwidth / max(ranks_on_node, 1),
+                                   runtime_seconds=dict(self.runtime_seconds))
 
     @classmethod
     def constant(cls, cores: int, flops: float, bandwidth: float, op_seconds: float
@@ -206,10 +228,12 @@ class EagerCpuModel:
     def to_json(self) -> dict:
         return dict(cores=self.cores,
                     per_threads={str(t): m.to_json() for t, m in self.per_threads.items()},
-                    collective_bandwidth=dict(self.collective_bandwidth))
+                    collective_bandwidth=dict(self.collective_bandwidth),
+                    runtime_seconds=dict(self.runtime_seconds))
 
     @classmethod
     def from_json(cls, data: dict) -> "EagerCpuModel":
         return cls(int(data["cores"]), {int(t): ThreadModel.from_json(m)
                                         for t, m in data["per_threads"].items()},
-                   {k: float(v) for k, v in data.get("collective_bandwidth", {}).items()})
+                   {k: float(v) for k, v in data.get("collective_bandwidth", {}).items()},
+                   {k: float(v) for k, v in data.get("runtime_seconds", {}).items()})

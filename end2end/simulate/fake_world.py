@@ -5,7 +5,7 @@
 the right shapes and no data) and enters :class:`~torch._subclasses.fake_tensor.FakeTensorMode`
 (real constants that a runtime made before, e.g. at import, are converted on use),
 so that the driver's own code builds a model of any size and trains it one step without
-allocating a byte of its tensors. Two things of torch 2.13 need help, only inside this context:
+allocating a byte of its tensors. Several things of torch 2.13 need help, only inside this context:
 
 * ``Module.to(dtype)`` swaps fake parameters with ``torch.utils.swap_tensors``, which refuses a
   tensor that fake mode holds a weak reference to; the conversion then falls back to
@@ -20,11 +20,23 @@ allocating a byte of its tensors. Two things of torch 2.13 need help, only insid
   any collective), since the fake group's C++ work completes without the tensor DDP expects.
 * megatron-core asks for extra ``gloo`` groups (``new_group(backend="gloo")``), which cannot be
   made on a fake world; every group is made with the world's (fake) backend.
+* a ``DeviceMesh`` (FSDP2, DTensor tensor parallelism: ``init_device_mesh``,
+  ``DeviceMesh.from_group``, slicing a mesh) keeps its ranks in a small integer tensor that it
+  reads back (``.tolist()``); made under fake mode, that tensor has no data
+  (``DataDependentOutputException: aten._local_scalar_dense``). Meshes are rank bookkeeping,
+  not training state: they are built on real tensors (fake mode suspended), as in a real run.
+* ``aten._grouped_mm`` (transformers' mixture-of-experts layers: Mixtral, Qwen3-MoE) has a meta
+  kernel that demands bf16 inputs ("Expected inputs of BF16 type"), while the CPU kernel, which
+  a real CPU run uses, takes fp32 too: under fake mode the output's shape and strides come from
+  the meta kernel run on bf16 stand-ins of the inputs (all its shape, layout and 16-byte
+  alignment checks kept: the stand-ins' strides are scaled to the same bytes), its dtype is
+  the inputs' (or ``out_dtype``), as the CPU kernel returns it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Iterator
 
@@ -78,6 +90,96 @@ def _with_fake_allreduce(original):
     return init
 
 
+def _outside_fake_mode(original):
+    def call(*args, **kwargs):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            return original(*args, **kwargs)
+
+    return functools.wraps(original)(call)
+
+
+_MESH_METHODS = ("__init__", "from_group", "__getitem__", "_flatten", "_unflatten",
+                 "_concatenate")
+
+
+def _real_device_meshes(stack: contextlib.ExitStack) -> None:
+    """Build every ``DeviceMesh`` on real tensors (see the module docstring)."""
+    import inspect
+
+    from torch.distributed import device_mesh
+
+    mesh_cls = device_mesh.DeviceMesh
+    for name in _MESH_METHODS:
+        raw = inspect.getattr_static(mesh_cls, name, None)
+        if isinstance(raw, staticmethod):
+            stack.enter_context(_class_attribute(
+                mesh_cls, name, staticmethod(_outside_fake_mode(raw.__func__))))
+        elif raw is not None:
+            stack.enter_context(_class_attribute(mesh_cls, name, _outside_fake_mode(raw)))
+    init = _outside_fake_mode(device_mesh.init_device_mesh)
+    stack.enter_context(_patched(device_mesh, "init_device_mesh", init))
+    if hasattr(dist, "init_device_mesh"):
+        stack.enter_context(_patched(dist, "init_device_mesh", init))
+
+
+def _grouped_mm_any_dtype(fake_mode, func, *args, **kwargs):
+    """``aten._grouped_mm`` under fake tensors for the inputs' dtype (module docstring)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    names = ("self", "mat2", "offs", "bias", "out_dtype")
+    given = dict(zip(names, args), **kwargs)
+    a, b = given["self"], given["mat2"]
+    if a.dtype != b.dtype:
+        raise RuntimeError(f"_grouped_mm: mat_a is {a.dtype} and mat_b {b.dtype}; "
+                           "the CPU kernel needs one dtype")
+
+    def meta(t, dtype=None):  # strides other than 1 scaled: the same 16-byte alignment
+        if t is None:
+            return None
+        scale = t.element_size() // torch.empty((), dtype=dtype or t.dtype).element_size()
+        stride = [s if s == 1 else s * scale for s in t.stride()]
+        return torch.empty_strided(t.shape, stride, dtype=dtype or t.dtype, device="meta")
+
+    shape = func(meta(a, torch.bfloat16), meta(b, torch.bfloat16), meta(given.get("offs")),
+                 meta(given.get("bias"), torch.bfloat16), None)
+    out = torch.empty_strided(shape.shape, shape.stride(),
+                              dtype=given.get("out_dtype") or a.dtype, device="meta")
+    return FakeTensor(fake_mode, out, a.device)
+
+
+@contextlib.contextmanager
+def _class_attribute(cls: type, name: str, value) -> Iterator[None]:
+    """``cls.name = value`` for the context; restores the class's own attribute as it was
+    (a ``staticmethod`` stays one), or removes it if it was inherited."""
+    missing = object()
+    old = cls.__dict__.get(name, missing)
+    setattr(cls, name, value)
+    try:
+        yield
+    finally:
+        if old is missing:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, old)
+
+
+@contextlib.contextmanager
+def _dict_entry(table: dict, key, value) -> Iterator[None]:
+    """``table[key] = value`` for the context (restored or removed after)."""
+    missing = object()
+    old = table.get(key, missing)
+    table[key] = value
+    try:
+        yield
+    finally:
+        if old is missing:
+            table.pop(key, None)
+        else:
+            table[key] = old
+
+
 @contextlib.contextmanager
 def _patched(obj, name: str, value) -> Iterator[None]:
     old = getattr(obj, name)
@@ -119,6 +221,12 @@ def fake_world(rank: int, world_size: int) -> Iterator[torch._subclasses.FakeTen
             stack.enter_context(_patched(ddp.DistributedDataParallel, "__init__",
                                          _with_fake_allreduce(ddp.DistributedDataParallel
                                                               .__init__)))
+            _real_device_meshes(stack)
+            from torch._subclasses import fake_impls
+
+            stack.enter_context(_dict_entry(fake_impls.op_implementations_dict,
+                                            torch.ops.aten._grouped_mm.default,
+                                            _grouped_mm_any_dtype))
             yield stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
     finally:
         from slapo.runtime.distributed import teardown

@@ -16,7 +16,11 @@ engine holds it), and replaces what ZeRO-3 changes by its model (:func:`zero3_me
   gradient reduce bucket (``reduce_bucket_size``, default 5e8 elements) in the gradient dtype;
 * collectives per step, over the DP group: an all-gather of every parameter in the forward, again
   in the backward (again for the recomputation when checkpointing), a reduce-scatter of every
-  gradient; DeepSpeed prefetches and overlaps them with compute.
+  gradient; DeepSpeed prefetches and overlaps them with compute;
+* its Python outside the recorded ops (:func:`zero3_costs`): per phase, the rank's hooked
+  modules (every module of the model), parameters and parameter bytes, charged on the ``cpu``
+  profile at the seconds per module / parameter / byte measured with a real ZeRO-3 engine
+  (:mod:`end2end.simulate.calibrate_zero3`); GPU profiles charge nothing for them.
 
 Pipelines (``--pp`` > 1) of ``slapo-deepspeed`` run as DeepSpeed pipelines; the simulator builds
 the same schedule with the same stage cuts and runs the rank's stage on slapo's torch pipeline
@@ -36,10 +40,10 @@ import dataclasses
 from typing import Any, Iterator, List
 
 
-from end2end.simulate.recorder import CollectiveRecord
+from end2end.simulate.recorder import CollectiveRecord, OpRecord
 
 __all__ = ["Modelled", "modelled_builders", "zero3_memory", "zero3_collectives",
-           "PREFETCH_ELEMENTS", "REDUCE_BUCKET_ELEMENTS"]
+           "zero3_costs", "PREFETCH_ELEMENTS", "REDUCE_BUCKET_ELEMENTS"]
 
 PREFETCH_ELEMENTS = int(5e7)  # DeepSpeed stage3_prefetch_bucket_size default
 REDUCE_BUCKET_ELEMENTS = int(5e8)  # DeepSpeed reduce_bucket_size default
@@ -66,6 +70,15 @@ def zero3_collectives(params: int, dp_ranks: tuple, low_precision: bool, recompu
     gathers = [("forward", "allgather")] + [("backward", "allgather")] * (2 if recompute else 1)
     return [CollectiveRecord(kind, size, len(dp_ranks), dp_ranks, phase)
             for phase, kind in gathers + [("backward", "reducescatter")]]
+
+
+def zero3_costs(modules: int, params: int, param_bytes: int, dtype: str) -> List[OpRecord]:
+    """ZeRO-3's per-step Python on a rank whose model has ``modules`` modules (DeepSpeed hooks
+    every one), ``params`` trainable parameters of ``param_bytes`` bytes: one record per
+    (count, phase), its ``weight`` the count (``cpu_model.RUNTIME_COSTS`` prices them)."""
+    return [OpRecord(0, 0, dtype, phase, weight=float(count), name=f"zero3.{what}")
+            for what, count in (("module", modules), ("param", params), ("byte", param_bytes))
+            for phase in ("forward", "backward", "optimizer") if count]
 
 
 @dataclasses.dataclass
@@ -99,6 +112,11 @@ class Modelled:
         ranks = tuple(range(dist.get_world_size()))
         recompute = self.spec.ckpt not in ("0", "0.0")
         result.collectives.extend(zero3_collectives(params, ranks, low, recompute))
+        trained = [p for p in runner.model.parameters() if p.requires_grad]
+        result.ops.extend(zero3_costs(
+            sum(1 for _ in runner.model.modules()), len(trained),
+            sum(p.numel() * p.element_size() for p in trained),
+            str(trained[0].dtype).replace("torch.", "") if trained else "float32"))
 
 
 def _pipeline_master_states(result, low_precision: bool) -> None:
@@ -118,14 +136,14 @@ def _zero3_builder(request):
     PyTorch in the run's dtype (ZeRO-3 itself is added by :meth:`Modelled.finish`)."""
     import slapo
 
-    from end2end.driver.builders import _torch_step
+    from end2end.driver.builders import plain_torch_step
     from end2end.driver.runtimes import Runner, scheduled_model
 
     built, _ = slapo.build(scheduled_model(request), target="torch")
     if request.low_precision:
         built = built.to(request.dtype)
     opt = request.optimizer([p for p in built.parameters() if p.requires_grad])
-    return Runner(request.mode.name, built, opt, _torch_step(built, opt))
+    return Runner(request.mode.name, built, opt, plain_torch_step(built, opt))
 
 
 def _torch_pipeline(request, sch):

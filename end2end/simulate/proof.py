@@ -1,12 +1,16 @@
 """``python -m end2end.simulate.proof CONFIG [--out DIR] [--repeat R | --measured FILE]
-[--calibration FILE] [--only WORD ...]``: the simulator proved on this CPU (issue 25, item 5).
+[--calibrate] [--calibration FILE] [--only WORD ...]``: the simulator proved on this CPU
+(issue 25, item 5).
 
-In one job: the config's lines are measured for real (``python -m end2end.sweep CONFIG --device
-cpu``: the driver, interleaved rounds; or, with ``--measured FILE``, taken from a results file
-measured earlier, e.g. the committed ``docs/results/cpu.tsv``, and nothing is measured) and
-simulated with the ``cpu`` profile (``python -m end2end.simulate CONFIG --device cpu``, the
-calibration of ``--calibration FILE``, e.g. the committed ``docs/results/cpu_profile.json``, or
-the cache), then compared per run (measured: the median over rounds):
+In one job: with ``--calibrate``, the ``cpu`` profile is measured first
+(``python -m end2end.simulate.calibrate``: into ``--calibration FILE``, default
+``DIR/cpu_profile.json``), before anything else runs; then the config's lines are measured for
+real (``python -m end2end.sweep CONFIG --device cpu``: the driver, interleaved rounds; or, with
+``--measured FILE``, taken from a results file measured earlier, e.g. the committed
+``docs/results/cpu.tsv``, and nothing is measured) and simulated with the ``cpu`` profile
+(``python -m end2end.simulate CONFIG --device cpu``, the calibration of ``--calibration FILE``,
+e.g. the committed ``docs/results/cpu_proof/cpu_profile.json``, or the cache), then compared
+per run (measured: the median over rounds):
 
 * peak memory per rank (``PerGPUMem``) and samples/s, predicted vs measured, and the error
   ``predicted / measured - 1``;
@@ -208,7 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "docs/results/cpu.tsv) instead of measuring: simulate only")
     p.add_argument("--only", action="append", default=[], metavar="WORD",
                    help="simulate only runs whose label contains WORD (repeatable)")
-    p.add_argument("--calibrate", action="store_true", help="re-measure the cpu profile")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure the cpu profile first, in this job, before the sweep (into "
+                        "--calibration FILE, default DIR/cpu_profile.json)")
     p.add_argument("--calibration", default="", help="the cpu profile's calibration file "
                    "(e.g. docs/results/cpu_profile.json; default: ~/.cache/slapo/"
                    "cpu_profile.json)")
@@ -231,6 +237,12 @@ def _prove(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
     simulated = out / "simulated.tsv"
     command = "python -m end2end.simulate.proof " + " ".join(
         sys.argv[1:] if argv is None else argv)
+    calibration = args.calibration
+    if args.calibrate:  # measured first, on the machine as the sweep will find it
+        from end2end.simulate.calibrate import cpu_profile, describe
+
+        calibration = calibration or str(out / "cpu_profile.json")
+        print(describe(cpu_profile(calibration, recalibrate=True)), flush=True)
     if args.measured:
         measured = Path(args.measured)
         if not measured.is_file():
@@ -244,8 +256,8 @@ def _prove(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
                        check=False)
     sim_args = [args.config, "--device", "cpu", "--results", str(simulated)]
     sim_args += [a for w in args.only for a in ("--only", w)]
-    sim_args += ["--calibration", args.calibration] if args.calibration else []
-    status = simulate(sim_args + (["--calibrate"] if args.calibrate else []))
+    sim_args += ["--calibration", calibration] if calibration else []
+    status = simulate(sim_args)
     if status:
         return status
     (out / "simulated.cmd").write_text(command + "\n")

@@ -15,7 +15,12 @@ Memory: the recorder keeps the bytes of every storage an op creates while it liv
 reference per storage, freed when Python frees it) and their peak over the step; the caller adds
 what was resident before (parameters, buffers). ``MemTracker`` of ``torch.distributed._tools``
 does the same with categories, but scans all live tensors on every op (quadratic: a minute per
-step of a 2.7B model), so it is not used.
+step of a 2.7B model), so it is not used. Like it, the recorder follows storage resizes (FSDP2
+frees its unsharded parameters that way), counts a DTensor's local shard (the ops DTensor runs
+on it, not the op on the global tensor), no allocation for an output on an input's storage (a
+view), and, through :meth:`StepRecorder.untracked_bytes`, storages the step used that existed
+before it outside the caller's state (DDP's gradient buckets). docs/simulate.md, "FSDP2 and
+DTensor".
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["OpRecord", "CollectiveRecord", "StepRecorder", "work_totals"]
+__all__ = ["OpRecord", "CollectiveRecord", "StepRecorder", "work_totals", "rank_local"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +75,24 @@ def _nbytes(tensors: List[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _is_dtensor_type(cls: type) -> bool:
+    """Whether ``cls`` is a DTensor: the recorder lets DTensor's own dispatch run first and
+    records the ops and collectives it issues on this rank's local shards (what the rank
+    computes, moves and allocates) instead of the op on the global, logical tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return issubclass(cls, DTensor)
+
+
+def rank_local(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor this rank holds: a DTensor's local shard (an FSDP2 parameter, its gradient
+    and Adam states, a tensor-parallel weight), any other tensor itself. A DTensor's own
+    ``untyped_storage()`` has the bytes of the whole, global tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
 def _name(func) -> str:
     return func._overloadpacket.__name__
 
@@ -105,6 +128,40 @@ class StepRecorder(TorchDispatchMode):
         self.live = 0  # bytes of storages created in the step and still alive
         self.peak = 0
         self._seen: Dict[int, int] = {}
+        # storages the step used but did not create (key -> bytes): parameters, the batch,
+        # and what a runtime allocated before the step outside the model's state (DDP's
+        # gradient buckets, caches); see :meth:`untracked_bytes`
+        self.preexisting: Dict[int, int] = {}
+
+    def __enter__(self):
+        # FSDP2 frees and re-allocates its unsharded parameters by resizing their storages
+        # (``untyped_storage().resize_``), which is no ATen op: follow it as MemTracker does
+        self._resize = torch.UntypedStorage.resize_
+        recorder = self
+
+        def resize_(storage, size):
+            out = recorder._resize(storage, size)
+            recorder._resized(storage)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.UntypedStorage.resize_ = self._resize
+        return super().__exit__(*exc)
+
+    def _resized(self, storage) -> None:
+        """A storage's new size: live bytes follow it (one that existed before the step is
+        counted from its first resize on)."""
+        key, size = storage._cdata, storage.nbytes()
+        self.preexisting.pop(key, None)
+        if key not in self._seen:
+            self._seen[key] = 0
+            weakref.finalize(storage, self._free, key)
+        self.live += size - self._seen[key]
+        self._seen[key] = size
+        self.peak = max(self.peak, self.live)
 
     def current_phase(self) -> str:
         if self.phase == "optimizer":
@@ -113,6 +170,8 @@ class StepRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if any(_is_dtensor_type(t) for t in types):  # DTensor (TP, FSDP2's sharded
+            return NotImplemented  # parameters): record the ops it runs on its local shards
         if func is _SCALAR:  # a known constant (e.g. a size packed into a tensor) reads as
             try:               # itself; a computed value as 1
                 return func(*args, **kwargs)
@@ -121,7 +180,7 @@ class StepRecorder(TorchDispatchMode):
         out = func(*args, **kwargs)
         if func.namespace == "prim":  # fake tensors' metadata queries (prim.device): no work
             return out
-        self._allocate(_tensors(out))
+        self._allocate(_tensors(out), _tensors((args, kwargs)))
         if func in self._collective_ops:
             self._collective(func, out, args, kwargs)
         elif func.is_view:
@@ -131,17 +190,35 @@ class StepRecorder(TorchDispatchMode):
             self._op(func, out, args, kwargs)
         return out
 
-    def _allocate(self, outputs: List[torch.Tensor]) -> None:
+    def _allocate(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor]) -> None:
+        # an output on an input's storage (a view, an in-place op) allocates nothing: a
+        # parameter's view (``t``, ``view``) would otherwise count its storage a second time
+        aliased = set()
+        for t in inputs:
+            storage = t.untyped_storage()
+            aliased.add(storage._cdata)
+            if storage._cdata not in self._seen:
+                self.preexisting.setdefault(storage._cdata, storage.nbytes())
         for t in outputs:
             storage = t.untyped_storage()
             key = storage._cdata
-            if key in self._seen:
+            if key in self._seen or key in aliased:
                 continue
+            self.preexisting.pop(key, None)  # a freed one's address, reused in the step
             size = storage.nbytes()
             self._seen[key] = size
             self.live += size
             weakref.finalize(storage, self._free, key)
         self.peak = max(self.peak, self.live)
+
+    def untracked_bytes(self, known) -> int:
+        """Bytes of the storages the step used without creating them, less those of the
+        tensors ``known`` (the caller's resident state: parameters, buffers, gradients,
+        optimizer states): what else a rank holds through the whole step, e.g. DDP's gradient
+        buckets, which the backward fills in place."""
+        keys = {rank_local(t).untyped_storage()._cdata for t in known
+                if isinstance(t, torch.Tensor)}
+        return sum(n for k, n in self.preexisting.items() if k not in keys)
 
     def _free(self, key: int) -> None:
         self.live -= self._seen.pop(key, 0)

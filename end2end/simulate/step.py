@@ -20,7 +20,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from end2end.simulate.recorder import CollectiveRecord, OpRecord, StepRecorder
+from end2end.simulate.recorder import CollectiveRecord, OpRecord, StepRecorder, rank_local
 
 __all__ = ["RankResult", "simulate_rank", "simulate_rank_isolated", "rank_result_from_json",
            "build_pipeline_schedule"]
@@ -51,13 +51,18 @@ def _storage_bytes(tensors) -> int:
     seen = {}
     for t in tensors:
         if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
+            st = rank_local(t).untyped_storage()  # a DTensor: this rank's shard
             seen[st._cdata] = st.nbytes()
     return sum(seen.values())
 
 
 def _resident(runner) -> Dict[str, int]:
     """Bytes held by the model and optimizer outside the step's ops."""
+    return {k: _storage_bytes(v) for k, v in _state_tensors(runner).items()}
+
+
+def _state_tensors(runner) -> Dict[str, List[Any]]:
+    """The model's and optimizer's tensors by category (see :func:`_resident`)."""
     model, opt = runner.model, runner.optimizer
     params = list(model.parameters()) if hasattr(model, "parameters") else []
     buffers = list(model.buffers()) if hasattr(model, "buffers") else []
@@ -66,9 +71,8 @@ def _resident(runner) -> Dict[str, int]:
         from end2end.driver.megatron_optimizer import master_parameters
 
         states += master_parameters(opt)
-    return dict(param=_storage_bytes(params), buffer=_storage_bytes(buffers),
-                grad=_storage_bytes(p.grad for p in params if p.grad is not None),
-                optstate=_storage_bytes(states))
+    return dict(param=params, buffer=buffers,
+                grad=[p.grad for p in params if p.grad is not None], optstate=states)
 
 
 def simulate_rank(spec, layout: Dict[str, int], rank: int, gpu: bool = False) -> RankResult:
@@ -101,6 +105,8 @@ def simulate_rank(spec, layout: Dict[str, int], rank: int, gpu: bool = False) ->
         params = local_parameters(runner.model)
         after = _resident(runner)
         base = before["param"] + before["buffer"] + before["grad"] + before["optstate"]
+        # + what the step used that existed before it outside that state (DDP's buckets)
+        base += recorder.untracked_bytes(t for ts in _state_tensors(runner).values() for t in ts)
         memory = dict(after, peak=base + recorder.peak,
                       activation=max(0, base + recorder.peak - sum(after.values())))
         result = RankResult(rank, recorder.ops, recorder.collectives, memory, params,

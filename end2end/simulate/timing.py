@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Set, Tuple
 
+from end2end.simulate.cpu_model import RUNTIME_COSTS
 from end2end.simulate.profiles import DeviceProfile
 from end2end.simulate.recorder import CollectiveRecord, OpRecord
 
@@ -58,7 +59,7 @@ def compute_seconds(ops: Iterable[OpRecord], profile: DeviceProfile, ranks_on_no
         return out
     bw = profile.memory_bandwidth * profile.memory_efficiency
     for op in ops:
-        if op.view:
+        if op.view or op.name in RUNTIME_COSTS:  # runtime costs: measured on this CPU only
             continue
         rate = profile.rate(op.dtype) * profile.gemm_efficiency
         t = max(op.flops / rate, op.bytes / bw) + profile.kernel_overhead_s

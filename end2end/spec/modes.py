@@ -58,8 +58,15 @@ class Mode:
     """Builds its own model from the HF config (megatron-core's GPT/BERT/T5) instead of
     training the HF model."""
     mixed_precision: bool = False
-    """In bf16/fp16 keeps fp32 master weights (DeepSpeed, FSDP2); the others train the model
-    cast to the dtype."""
+    """In bf16/fp16 keeps fp32 master weights and fp32 optimizer states (DeepSpeed, FSDP2, the
+    megatron modes); the others train the model cast to the dtype, its optimizer states in the
+    dtype."""
+    master_weights: str = "runtime"
+    """Where a ``mixed_precision`` mode keeps its fp32 masters: ``runtime`` (it is given the
+    fp32 model and makes the low-precision compute copy itself: DeepSpeed's engine, FSDP2's
+    policy) or ``optimizer`` (the model is cast to the dtype and megatron-core's
+    ``Float16OptimizerWithFloat16Params`` holds fp32 copies, fp16 with dynamic loss scaling, as
+    Megatron-LM: :mod:`end2end.driver.megatron_optimizer`)."""
     schedule_group: str = "world"
     """The TP group of the Slapo schedule: ``world`` (all ranks, or TP blocks of a pipeline),
     ``megatron`` (megatron-core's TP group), ``blocks`` (blocks of ``--tp`` consecutive ranks;
@@ -110,6 +117,7 @@ MODE_TABLE: Dict[str, Mode] = {m.name: m for m in (
     Mode("megatron", "Megatron-LM", "#4c72b0", "megatron",
          "megatron-core's own GPT/BERT/T5/LLaMA built from the HF config, TP over all ranks",
          tp_default=True, tp="any", ckpt="megatron", builds_own_model=True,
+         mixed_precision=True, master_weights="optimizer",
          pipeline_refusal=("the megatron-core baseline is built without pipeline stages by "
                            "this driver", "use mode 'slapo' (torch pipeline) or "
                            "'slapo-deepspeed' (DeepSpeed pipeline) for pipeline runs; megatron "
@@ -117,6 +125,7 @@ MODE_TABLE: Dict[str, Mode] = {m.name: m for m in (
     Mode("slapo-megatron", "Slapo-TP", "#dd8452", "megatron",
          "the HF model with its Slapo TP schedule under megatron-core's runtime",
          slapo=True, tp_default=True, tp="any", ckpt="ratio", schedule_group="megatron",
+         mixed_precision=True, master_weights="optimizer",
          baselines=("megatron", "dtensor-tp"),
          pipeline_refusal=("the megatron dialect does not build schedules with pipeline cuts",
                            _PIPELINE_HINT)),

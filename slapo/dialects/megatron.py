@@ -175,6 +175,8 @@ class MegatronRuntime:
         self.dp_group = ps.get_data_parallel_group()
         self._tp_src = ps.get_tensor_model_parallel_src_rank()
         self._chunk = _Chunk(module, self._reduce_data_parallel_grads)
+        # a megatron-core optimizer's loss scale (fp16), applied as Megatron-LM's training loop
+        self._chunk.config.grad_scale_func = getattr(optimizer, "scale_loss", None)
         self._forward_backward = get_forward_backward_func()
 
     def train_step(self, batch: Batch) -> float:

@@ -16,6 +16,8 @@ from end2end.simulate.cpu_model import (Curve, EagerCpuModel, ThreadModel, inter
 from end2end.simulate.recorder import OpRecord
 from end2end.simulate.timing import compute_seconds, rank_seconds
 
+from end2end.simulate.calibrate import FORMAT
+
 from slapo.errors import ConfigError
 
 
@@ -126,16 +128,17 @@ def _calibration_file(path, model: EagerCpuModel) -> str:
     path.write_text(json.dumps(dict(
         flops=dict(float32=1e11, bfloat16=1e11, float16=1e11), memory_bandwidth=1e10,
         bandwidth=1e9, alpha_s=1e-4, threads=2, cores=2, measured="test",
-        memory_overhead=0.5, eager=model.to_json())))
+        memory_overhead=0.5, eager=model.to_json(), format=FORMAT)))
     return str(path)
 
 
 def test_the_calibration_file_round_trips_and_an_old_one_is_refused(tmp_path):
     from end2end.simulate.calibrate import cpu_profile
 
-    model = _profile().eager
+    model = dataclasses.replace(_profile().eager, runtime_seconds=ZERO3)
     profile = cpu_profile(_calibration_file(tmp_path / "cpu.json", model))
     assert profile.eager == model and profile.measured_overhead == 0.5
+    assert profile.eager.runtime_seconds == ZERO3
     assert profile.alpha_s == 1e-4 and profile.flops["float32"] == 1e11
     old = tmp_path / "old.json"
     data = json.loads((tmp_path / "cpu.json").read_text())
@@ -144,6 +147,58 @@ def test_the_calibration_file_round_trips_and_an_old_one_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="no eager-PyTorch measurements") as err:
         cpu_profile(str(old))
     assert "python -m end2end.simulate.calibrate --out" in err.value.hint
+    # a file of the previous format (no ZeRO-3 costs, no format field) is refused
+    data = json.loads((tmp_path / "cpu.json").read_text())
+    del data["format"], data["eager"]["runtime_seconds"]
+    old.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=f"format 1, this simulator reads format {FORMAT}"
+                       ) as err:
+        cpu_profile(str(old))
+    assert err.value.hint == f"re-measure it: python -m end2end.simulate.calibrate --out {old}"
+
+
+ZERO3 = {f"zero3.{what}.{phase}": scale * k for what, scale in
+         (("module", 1e-3), ("param", 1e-4), ("byte", 1e-9))
+         for k, phase in ((1, "forward"), (2, "backward"), (3, "optimizer"))}
+
+
+def test_zero3_costs_are_charged_by_module_parameter_and_byte_counts_on_cpu_only():
+    from end2end.simulate.modelled import zero3_costs
+    from end2end.simulate.profiles import PROFILES
+
+    profile = _profile()
+    profile = dataclasses.replace(profile, eager=dataclasses.replace(
+        profile.eager, runtime_seconds=ZERO3))
+    records = zero3_costs(modules=10, params=20, param_bytes=10 ** 6, dtype="float32")
+    got = compute_seconds(records, profile, ranks_on_node=2)
+    for k, phase in ((1, "forward"), (2, "backward"), (3, "optimizer")):
+        want = k * (10 * 1e-3 + 20 * 1e-4 + 10 ** 6 * 1e-9)
+        assert got[phase] == pytest.approx(want), (phase, got)
+    # twice the modules: the module share doubles, nothing else moves
+    more = compute_seconds(zero3_costs(20, 20, 10 ** 6, "float32"), profile, 2)
+    assert more["forward"] - got["forward"] == pytest.approx(10 * 1e-3)
+    # a calibration without them, and GPU profiles, charge nothing
+    assert sum(compute_seconds(records, _profile(), 2).values()) == 0
+    assert sum(compute_seconds(records, PROFILES["v100-32gb"]).values()) == 0
+    # the records carry no FLOPs or bytes: the row's work totals do not change
+    assert all(r.flops == 0 and r.bytes == 0 for r in records)
+
+
+def test_zero3_calibration_solves_its_three_models_back_to_the_costs():
+    """:func:`calibrate_zero3.solve` on extra seconds made from known costs (and collectives
+    the time model charges the bytes model, which it must take off) recovers the costs."""
+    from end2end.simulate.calibrate_zero3 import PHASES, _models, counts, solve
+
+    n = {name: counts(build()) for name, (build, _) in _models().items()}
+    comm = dict(forward=0.01, backward=0.02)
+    extra = {name: {p: sum(c[w] * ZERO3[f"zero3.{w}.{p}"] for w in ("module", "param", "byte"))
+                    + (comm.get(p, 0.0) if name == "bytes" else 0.0) for p in PHASES}
+             for name, c in n.items()}
+    got = solve(extra, comm)
+    assert got == pytest.approx(ZERO3, rel=1e-6)
+    assert n["modules"]["module"] == 65 and n["params"]["param"] == 256
+    assert n["bytes"]["partitioned"] == 4 and n["modules"]["partitioned"] == 0
+    assert n["bytes"]["byte"] == 4 * 2048 * 2048 * 4
 
 
 def test_a_quick_measurement_has_every_curve_and_cost(tmp_path):
@@ -156,7 +211,8 @@ def test_a_quick_measurement_has_every_curve_and_cost(tmp_path):
     assert "mm" in m.gemm["bfloat16"]
     assert all(v > 0 for v in m.op_seconds.values()), m.op_seconds
     assert all(v >= 0 for v in m.view_seconds.values()), m.view_seconds
-    assert {"_softmax", "native_dropout", "native_layer_norm_backward"} <= set(m.slowdown)
+    assert {"_softmax", "native_dropout", "bernoulli_",
+            "native_layer_norm_backward"} <= set(m.slowdown)
     small, large = m.rate("float32", "mm", 2 * 64 ** 3), m.rate("float32", "mm", 2 * 256 ** 3)
     assert small < large
     again = ThreadModel.from_json(json.loads(json.dumps(m.to_json())))
@@ -186,3 +242,37 @@ def test_the_recorder_names_ops_records_views_and_counts_cpu_fused_attention():
             torch.ops.prim.device.default(x)
             (x + 1).sum()
     assert [op.name for op in rec.ops] == ["add", "sum"], [op.name for op in rec.ops]
+
+
+@pytest.mark.timeout(600)
+def test_zero3_costs_measured_with_a_real_engine_on_two_ranks():
+    """The calibration's ZeRO-3 part for real (DeepSpeed on 2 gloo ranks, two timed steps per
+    model): every cost present and finite, and DeepSpeed's module hooks cost something (they
+    run Python per module in forward and backward)."""
+    from end2end.simulate.calibrate_zero3 import KEYS, measure_zero3
+
+    costs = measure_zero3(dict(alpha_s=1e-4, collective_bandwidth=dict(allreduce=1e9)), steps=2)
+    assert set(costs) == set(KEYS)
+    assert all(math.isfinite(v) and v >= 0 for v in costs.values()), costs
+    assert costs["zero3.module.forward"] + costs["zero3.module.backward"] > 1e-5, costs
+
+
+def test_eager_dropout_on_a_cpu_is_recorded_as_the_bernoulli_draw_the_calibration_prices():
+    """F.dropout on a CPU runs ``empty_like(x).bernoulli_(1 - p)``, ``div_``, ``mul``: the
+    recorder sees ``bernoulli_`` (what the profile of BERT's ZeRO-3 step showed: 13 calls, 6 % of
+    the step), and the calibration measures a slowdown under that name."""
+    from end2end.simulate.calibrate_eager import _elementwise_cases
+    from end2end.simulate.recorder import StepRecorder
+
+    x = torch.randn(64, 512, requires_grad=True)
+    with StepRecorder() as rec:
+        torch.nn.functional.dropout(x, 0.1, training=True).sum().backward()
+    names = [op.name for op in rec.ops]
+    assert "bernoulli_" in names and "native_dropout" not in names, names
+    assert "bernoulli_" in _elementwise_cases(2 ** 10)
+    profile = _profile()
+    slow = dataclasses.replace(profile.eager.per_threads[1], slowdown={"bernoulli_": 30.0})
+    draw = [op for op in rec.ops if op.name == "bernoulli_"][0]
+    fixed = slow.fixed_seconds(draw)
+    plain = dataclasses.replace(slow, slowdown={})
+    assert slow.op_time(draw) - fixed == pytest.approx(30 * (plain.op_time(draw) - fixed))

@@ -21,15 +21,19 @@ slapo tiny/gpt2 1 32 0 4 0
 """
 
 
-def _calibration(path: Path) -> str:
+def _calibration_data() -> dict:
     """A cpu profile in the cache's format (the proof's plumbing is tested, not the machine)."""
+    from end2end.simulate.calibrate import FORMAT
     from end2end.simulate.cpu_model import EagerCpuModel
 
     eager = EagerCpuModel.constant(2, flops=1e11, bandwidth=1e10, op_seconds=1e-5)
-    path.write_text(json.dumps(dict(
-        flops=dict(float32=1e11, bfloat16=1e11, float16=1e11), memory_bandwidth=1e10,
-        bandwidth=1e9, alpha_s=1e-4, threads=2, cores=2, measured="test", memory_overhead=0.5,
-        eager=eager.to_json())))
+    return dict(flops=dict(float32=1e11, bfloat16=1e11, float16=1e11), memory_bandwidth=1e10,
+                bandwidth=1e9, alpha_s=1e-4, threads=2, cores=2, measured="test",
+                memory_overhead=0.5, eager=eager.to_json(), format=FORMAT)
+
+
+def _calibration(path: Path) -> str:
+    path.write_text(json.dumps(_calibration_data()))
     return str(path)
 
 
@@ -60,6 +64,68 @@ def test_proof_measures_simulates_and_compares_a_tiny_config(tmp_path):
     for row in sim:
         peak = max(m["peak"] for m in row["extra"]["memory"])
         assert row["PerGPUMem"] == pytest.approx(peak * 1.5 / 1e9, rel=1e-6)
+
+
+@pytest.mark.timeout(900)
+def test_proof_calibrates_first_then_measures_and_simulates(tmp_path, monkeypatch):
+    """``--calibrate``: the profile is measured first, into DIR/cpu_profile.json, before the
+    sweep runs, and the simulation reads that file (the measurement itself is replaced by a
+    stand-in that notes when it ran: the plumbing is tested, not the machine)."""
+    import time
+
+    from end2end.simulate import calibrate
+    from end2end.simulate.proof import main
+
+    calls = []
+
+    def measure():
+        calls.append(time.time())
+        return dict(_calibration_data(), memory_overhead=0.25)
+
+    monkeypatch.setattr(calibrate, "measure_cpu", measure)
+    config = tmp_path / "tiny.cfg"
+    config.write_text("\n".join(TINY.splitlines()[:3]) + "\n")  # the two bert lines
+    out = tmp_path / "proof"
+    assert main([str(config), "--out", str(out), "--repeat", "1", "--calibrate"]) == 0
+    profile = out / "cpu_profile.json"
+    assert len(calls) == 1 and json.loads(profile.read_text())["memory_overhead"] == 0.25
+    assert profile.stat().st_mtime <= (out / "measured.tsv").stat().st_mtime
+    assert calls[0] <= (out / "measured.tsv").stat().st_mtime
+    sim = [json.loads(ln) for ln in (out / "simulated.jsonl").read_text().splitlines()
+           if '"type": "row"' in ln]
+    assert len(sim) == 2
+    for row in sim:  # the simulation used the calibration measured first (overhead 0.25)
+        peak = max(m["peak"] for m in row["extra"]["memory"])
+        assert row["PerGPUMem"] == pytest.approx(peak * 1.25 / 1e9, rel=1e-6)
+    assert "| slapo / eager | tiny/bert | 1 |" in (out / "proof.md").read_text()
+
+
+@pytest.mark.timeout(900)
+def test_explain_profiles_a_real_step_beside_the_prediction(tmp_path, capsys):
+    """``end2end.simulate.explain`` on a tiny line: the real step under the profiler and the
+    simulator's step, op group by op group (the groups' measured seconds add up to the step)."""
+    from end2end.simulate.explain import main
+
+    config = tmp_path / "tiny.cfg"
+    config.write_text(TINY)
+    out = tmp_path / "explain"
+    assert main([str(config), "--only", "eager", "--only", "tiny/bert", "--out", str(out),
+                 "--calibration", _calibration(tmp_path / "cpu.json")]) == 0
+    text = (out / "explain.md").read_text()
+    assert text.startswith("## eager tiny/bert") and text.count("## ") == 1, text
+    rows = {ln.split("|")[1].strip(): ln.split("|")[2:-1] for ln in text.splitlines()
+            if ln.startswith("| ") and not ln.startswith("| group") and "---" not in ln}
+    for group in ("gemm", "elementwise", "views", "outside ATen"):
+        assert group in rows, text
+    assert float(rows["gemm"][0]) > 0 and float(rows["gemm"][3]) > 0  # measured, predicted
+    step = float(text.split("measured step ")[1].split(" s")[0])
+    groups = [ln for ln in text.split("\n\n")[2].splitlines()[2:]]
+    measured = sum(float(ln.split("|")[2]) for ln in groups)
+    assert measured == pytest.approx(step, rel=1e-3, abs=1e-3)  # outside ATen closes the sum
+    assert "| aten::" in text  # the top ops by measured time
+    capsys.readouterr()
+    assert main([str(config), "--only", "nothing-matches", "--out", str(out)]) == 2
+    assert "--only" in capsys.readouterr().err
 
 
 def _measured_rows(path: Path) -> None:
