@@ -19,9 +19,14 @@ What the cache file (JSON) holds, every number measured here, nothing fitted to 
   ``eager.collective_bandwidth``: the same per kind (all-reduce, all-gather into a 64 MB
   tensor, reduce-scatter of one), as the ring model reads it (``seconds = steps x alpha +
   factor x bytes / bandwidth``, :func:`end2end.simulate.timing.ring_factor`).
-* ``memory_overhead``: how far the driver's CPU memory measurement (the RSS high-water mark
-  over a baseline) exceeds the live bytes the simulator counts, from one real run
-  (:data:`MEMORY_REFERENCE`, :func:`memory_overhead`; the profile's ``measured_overhead``).
+* ``memory_overhead``, ``memory_fixed_bytes``: how the driver's CPU memory measurement (the
+  RSS high-water mark over a baseline) relates to the peak of live bytes the simulator counts,
+  ``measured = fixed + (1 + overhead) x simulated``, from two real runs of one model at two
+  batch sizes (:data:`MEMORY_REFERENCES`, :func:`memory_calibration`; the profile's
+  ``measured_fixed_bytes`` and ``measured_overhead``): the fixed part is what a process touches
+  whatever the batch (the libraries' pages and buffers of the first step, thread stacks), the
+  proportional part glibc's heap that keeps freed buffers (``slapo.keep_freed_memory``:
+  fragmentation grows with what the step allocates).
 * ``eager.runtime_seconds``: what DeepSpeed ZeRO-3 adds per step beyond the recorded ops,
   seconds per hooked module, parameter and parameter byte per phase, measured with a real
   engine on 2 gloo ranks (:mod:`end2end.simulate.calibrate_zero3`).
@@ -48,9 +53,10 @@ __all__ = ["cpu_profile", "measure_cpu", "DEFAULT_CACHE", "FORMAT", "main"]
 
 #: the calibration file's format; a file of another format is refused with the command to
 #: re-measure it (what each format added: :data:`FORMAT_CHANGES`)
-FORMAT = 2
+FORMAT = 3
 FORMAT_CHANGES = {1: "the eager-PyTorch model",
-                  2: "DeepSpeed ZeRO-3's seconds per hooked module, parameter and byte"}
+                  2: "DeepSpeed ZeRO-3's seconds per hooked module, parameter and byte",
+                  3: "the RSS's fixed part, from two reference runs"}
 
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / \
     "slapo" / "cpu_profile.json"
@@ -109,8 +115,9 @@ def _allreduce_worker() -> Dict[str, float]:
                 collective_bandwidth=bandwidth)
 
 
-# the one real run that calibrates how far the CPU's memory measurement (RSS) exceeds live tensors
-MEMORY_REFERENCE = ("slapo", "cpu/bert", 1, 256, 8)
+# the two real runs (one model, two batch sizes) that calibrate how the CPU's memory measurement
+# (RSS) relates to live tensors
+MEMORY_REFERENCES = (("slapo", "cpu/bert", 1, 256, 8), ("slapo", "cpu/bert", 1, 256, 2))
 
 
 def measured_peak(mode: str, model: str, n: int, seq: int, batch: int, results: Path) -> float:
@@ -146,18 +153,33 @@ def simulated_peak(mode: str, model: str, n: int, seq: int, batch: int) -> float
     return float(simulate_role(spec, run_layout(spec), 0).memory["peak"])
 
 
-def memory_overhead() -> float:
-    """How far this machine's memory measurement exceeds the simulated live bytes, as a
-    fraction: ``measured / simulated - 1`` on :data:`MEMORY_REFERENCE` (glibc's heap kept by
-    ``slapo.keep_freed_memory``, fragmentation, the runtime's pages touched by the first step:
-    what RSS sees and tensors do not)."""
+def memory_calibration() -> Dict[str, float]:
+    """How this machine's memory measurement relates to the simulated live bytes:
+    ``measured = memory_fixed_bytes + (1 + memory_overhead) x simulated``, the line through
+    the two runs of :data:`MEMORY_REFERENCES` (measured for real, and simulated, each in a
+    process of its own). A slope below 1 or a negative intercept (noise) falls back to the
+    proportional model through the larger run (``memory_fixed_bytes`` 0)."""
     import tempfile
 
     from end2end.simulate.isolated import isolated
 
+    points = []
     with tempfile.TemporaryDirectory() as tmp:
-        real = measured_peak(*MEMORY_REFERENCE, Path(tmp) / "reference.tsv")
-    return real / isolated("end2end.simulate.calibrate.simulated_peak", *MEMORY_REFERENCE) - 1
+        for i, ref in enumerate(MEMORY_REFERENCES):
+            points.append((isolated("end2end.simulate.calibrate.simulated_peak", *ref),
+                           measured_peak(*ref, Path(tmp) / f"reference{i}.tsv")))
+    return affine_memory(points)
+
+
+def affine_memory(points) -> Dict[str, float]:
+    """``memory_overhead`` and ``memory_fixed_bytes`` of the line through two
+    ``(simulated, measured)`` points (see :func:`memory_calibration`)."""
+    (s1, m1), (s2, m2) = sorted(points, reverse=True)
+    slope = (m1 - m2) / (s1 - s2) if s1 > s2 else 0.0
+    fixed = m1 - slope * s1
+    if slope < 1.0 or fixed < 0:
+        return dict(memory_overhead=m1 / s1 - 1, memory_fixed_bytes=0.0)
+    return dict(memory_overhead=slope - 1, memory_fixed_bytes=fixed)
 
 
 def measure_cpu() -> Dict[str, float]:
@@ -179,7 +201,7 @@ def measure_cpu() -> Dict[str, float]:
                                 collective_bandwidth=comm.pop("collective_bandwidth"),
                                 runtime_seconds=runtime)
     return dict(format=FORMAT, flops=flops, memory_bandwidth=_copy_bandwidth(), **comm,
-                memory_overhead=memory_overhead(), eager=eager.to_json(), cores=eager.cores,
+                **memory_calibration(), eager=eager.to_json(), cores=eager.cores,
                 threads=torch.get_num_threads(), measured=time.strftime("%Y-%m-%d %H:%M"))
 
 
@@ -222,7 +244,8 @@ def profile_from_file(path: Path):
         gemm_efficiency=1.0, memory_efficiency=0.8, kernel_overhead_s=2e-6,
         link_efficiency=1.0, alpha_s=data["alpha_s"], inter_alpha_s=data["alpha_s"],
         allocator_overhead=0.0, reserved_bytes=0.0,
-        measured_overhead=data.get("memory_overhead", 0.0), eager=eager)
+        measured_overhead=data.get("memory_overhead", 0.0),
+        measured_fixed_bytes=data.get("memory_fixed_bytes", 0.0), eager=eager)
 
 
 def describe(profile) -> str:
@@ -232,7 +255,8 @@ def describe(profile) -> str:
                  f"{d} {r / 1e9:.0f} GFLOP/s" for d, r in profile.flops.items()),
              f"  copy bandwidth {profile.memory_bandwidth / 1e9:.1f} GB/s; gloo all-reduce "
              f"alpha {profile.alpha_s * 1e6:.0f} us, {profile.intra_node_bandwidth / 1e9:.2f} "
-             f"GB/s; RSS over live bytes {profile.measured_overhead:+.0%}"]
+             f"GB/s; RSS = {profile.measured_fixed_bytes / 1e9:.2f} GB + live bytes x "
+             f"{1 + profile.measured_overhead:.2f}"]
     zero3 = profile.eager.runtime_seconds
     if zero3:
         lines.append("  ZeRO-3 per step (us) per module / parameter / MB: " + ", ".join(
@@ -261,8 +285,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 description="Measure this machine for the simulator's cpu "
                                 "profile (about 2.5 minutes; run it on a quiet machine).")
     p.add_argument("--out", default=str(DEFAULT_CACHE), help="the calibration file to write")
+    p.add_argument("--memory-only", action="store_true",
+                   help="re-measure only the memory relation (two reference runs; RSS does not "
+                        "depend on the machine's load) in the existing FILE of --out, of this "
+                        f"format or format {FORMAT - 1}, which then is of format {FORMAT}")
     args = p.parse_args(argv)
+    if args.memory_only:
+        return _remeasure_memory(Path(args.out))
     print(describe(cpu_profile(args.out, recalibrate=True)))
+    return 0
+
+
+def _remeasure_memory(path: Path) -> int:
+    """``--memory-only``: the memory fields of ``path`` measured again (the rest kept)."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    if data.get("format") not in (FORMAT - 1, FORMAT):
+        raise ConfigError(f"the cpu calibration {path} is missing or of format "
+                          f"{data.get('format', 1)}", call="end2end.simulate.calibrate "
+                          "--memory-only", hint=f"measure it whole: python -m "
+                          f"end2end.simulate.calibrate --out {path}")
+    data.update(memory_calibration(), format=FORMAT,
+                memory_measured=time.strftime("%Y-%m-%d %H:%M"))
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    print(describe(profile_from_file(path)))
     return 0
 
 

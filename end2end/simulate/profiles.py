@@ -12,10 +12,11 @@ and models alike (never tuned per config or figure):
   the latency ``alpha_s`` per step;
 * ``allocator_overhead``: the caching allocator's fragmentation and reserve on top of the peak of
   live tensors (10 %, plus ``reserved_bytes`` for the CUDA context and workspaces);
-* ``measured_overhead``: how far the driver's memory measurement exceeds the live tensors, as
-  a fraction (0 on GPUs: ``torch.cuda.max_memory_allocated`` counts live tensors; on ``cpu``
-  the RSS high-water mark, calibrated by one real run): the predicted ``PerGPUMem`` is
-  ``peak x (1 + measured_overhead)``, comparable with a measured row.
+* ``measured_overhead``, ``measured_fixed_bytes``: how the driver's memory measurement relates
+  to the live tensors (0 and 0 on GPUs: ``torch.cuda.max_memory_allocated`` counts live
+  tensors; on ``cpu`` the RSS high-water mark, calibrated by two real runs): the predicted
+  ``PerGPUMem`` is ``measured_fixed_bytes + peak x (1 + measured_overhead)``, comparable with
+  a measured row.
 
 ``cpu`` is this machine, measured (:mod:`end2end.simulate.calibrate`) and cached. Its ops are
 not timed by the roofline above but by the eager-PyTorch model in ``eager``
@@ -58,6 +59,7 @@ class DeviceProfile:
     allocator_overhead: float = 0.10
     reserved_bytes: float = 1.0 * GB
     measured_overhead: float = 0.0
+    measured_fixed_bytes: float = 0.0
     eager: Optional[EagerCpuModel] = None  # ``cpu``: the eager-PyTorch time model
 
     def rate(self, dtype: str) -> float:

@@ -97,7 +97,8 @@ def _values(spec, layout, results, profile) -> Dict[str, Any]:
                  collectives=[_collective_summary(r.collectives, kinds) for r in results],
                  train_flops_per_sample=flops)
     return dict(status=status, error=error, thrpt=thrpt, step_time=step,
-                per_gpu_mem=peak * (1 + profile.measured_overhead) / 1e9,
+                per_gpu_mem=(profile.measured_fixed_bytes
+                             + peak * (1 + profile.measured_overhead)) / 1e9,
                 per_gpu_param=max(r.parameters for r in results) / 1e6,
                 per_gpu_tflops=tflops_per_rank(thrpt, flops, spec.n),
                 mfu=mfu(thrpt, flops, spec.n, rate), peak_tflops=rate / 1e12, extra=extra)

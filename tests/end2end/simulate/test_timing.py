@@ -276,3 +276,16 @@ def test_eager_dropout_on_a_cpu_is_recorded_as_the_bernoulli_draw_the_calibratio
     fixed = slow.fixed_seconds(draw)
     plain = dataclasses.replace(slow, slowdown={})
     assert slow.op_time(draw) - fixed == pytest.approx(30 * (plain.op_time(draw) - fixed))
+
+
+def test_the_memory_relation_is_the_line_through_the_two_reference_runs():
+    from end2end.simulate.calibrate import affine_memory
+
+    # measured = 0.2 GB + 1.25 x simulated through both points, whichever order
+    line = affine_memory([(0.2e9, 0.45e9), (0.6e9, 0.95e9)])
+    assert line["memory_overhead"] == pytest.approx(0.25)
+    assert line["memory_fixed_bytes"] == pytest.approx(0.2e9)
+    assert affine_memory([(0.6e9, 0.95e9), (0.2e9, 0.45e9)]) == pytest.approx(line)
+    # a slope below 1 (noise) falls back to the proportional model through the larger run
+    flat = affine_memory([(0.2e9, 0.9e9), (0.6e9, 1.0e9)])
+    assert flat == {"memory_overhead": pytest.approx(1.0 / 0.6 - 1), "memory_fixed_bytes": 0.0}
