@@ -35,7 +35,7 @@ from slapo.autotune.study import key_of
 from slapo.errors import TuneError
 
 from autotune.pruning import load_predictions, simulate_missing
-from autotune.seeds import SeedRun, replay_strategy, summarize
+from autotune.seeds import SeedRun, add_replay_options, replay_strategy, summarize
 
 __all__ = ["predicted_outcomes", "predicted_optimum", "keep_batches", "replay", "main"]
 
@@ -107,11 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first predict the candidates the file lacks (minutes each on a CPU)")
     p.add_argument("--batches", default=None, metavar="B,B,...",
                    help="keep only these batch sizes of the space (default: all)")
-    p.add_argument("--budget", type=int, default=16, help="evaluations per strategy run")
-    p.add_argument("--seeds", type=int, default=10, help="TPE seeds 0..N-1")
-    p.add_argument("--within", type=float, default=0.05, help="margin of the optimum")
-    p.add_argument("--json", help="write every strategy run to this file (JSON lines)")
-    p.add_argument("--debug", action="store_true", help="full traceback of an error")
+    add_replay_options(p, budget=16)
     return p
 
 

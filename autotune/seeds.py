@@ -116,12 +116,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--space", required=True, help="the space file the grid was measured on")
     p.add_argument("--grid", action="append", default=None,
                    help="grid study name(s), repeatable (default: grid)")
-    p.add_argument("--seeds", type=int, default=10, help="TPE seeds 0..N-1")
-    p.add_argument("--budget", type=int, default=8, help="evaluations per strategy run")
-    p.add_argument("--within", type=float, default=0.05, help="margin of the optimum")
-    p.add_argument("--json", help="write every run to this file (JSON lines)")
-    p.add_argument("--debug", action="store_true", help="full traceback of an error")
+    add_replay_options(p, budget=8)
     return p
+
+
+def add_replay_options(p: argparse.ArgumentParser, budget: int) -> None:
+    """The options of a replay of the strategies on a known grid (this module's and
+    :mod:`autotune.predicted_grid`'s): ``--seeds``, ``--budget``, ``--within``, ``--json``,
+    ``--debug``."""
+    p.add_argument("--seeds", type=int, default=10, help="TPE seeds 0..N-1")
+    p.add_argument("--budget", type=int, default=budget, help="evaluations per strategy run")
+    p.add_argument("--within", type=float, default=0.05, help="margin of the optimum")
+    p.add_argument("--json", help="write every strategy run to this file (JSON lines)")
+    p.add_argument("--debug", action="store_true", help="full traceback of an error")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
