@@ -12,19 +12,21 @@ PyTorch's FLOP table). A boolean mask becomes the additive bias that kernel take
 key/value heads are repeated to the query's heads. Attention written out by hand (HF's
 ``eager`` implementation: GPT-Neo; megatron-core's local ``DotProductAttention``)
 materialises the scores on a GPU too and is left as it is. Slapo's op library, which on a CPU
-tensor with dropout runs its own math kernel (``slapo.op.attention._cpu_math_with_dropout``),
-takes the fused kernel too within the mode, as it would on a GPU.
+tensor with dropout runs its own math kernel, takes the fused kernel too within the mode, as it
+would on a GPU: the mode selects it through the library's public choice,
+:func:`slapo.op.cpu_dropout_kernel`.
 """
 
 from __future__ import annotations
 
-import importlib
-
+import contextlib
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from slapo.op import cpu_dropout_kernel
 
 __all__ = ["GpuAttention", "fused_attention"]
 
@@ -56,14 +58,6 @@ def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     return out[0]
 
 
-def _slapo_cpu_dropout(q, k, v, mask, is_causal, scale, dropout_p):
-    """Slapo's op library runs attention with dropout on a CPU tensor as the math kernel
-    (:func:`slapo.op.attention._cpu_math_with_dropout`, the scores kept); fake tensors are CPU
-    tensors, but on a GPU the same call is the fused kernel."""
-    return fused_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
-                           scale=scale)
-
-
 def _sdpa(query, *args, **kwargs):
     if query.dim() == 4:
         return fused_attention(query, *args, **kwargs)
@@ -84,18 +78,14 @@ class GpuAttention(TorchFunctionMode):
     ``CheckpointError`` (a different number of saved tensors), never a silent mix."""
 
     def __enter__(self):
-        attention = importlib.import_module("slapo.op.attention")  # the module, not the function
-
         F.scaled_dot_product_attention = _sdpa
-        self._slapo_cpu_math = attention._cpu_math_with_dropout
-        attention._cpu_math_with_dropout = _slapo_cpu_dropout
+        self._slapo = contextlib.ExitStack()
+        self._slapo.enter_context(cpu_dropout_kernel(fused_attention))
         return super().__enter__()
 
     def __exit__(self, *exc):
-        attention = importlib.import_module("slapo.op.attention")  # the module, not the function
-
         F.scaled_dot_product_attention = _ORIGINAL
-        attention._cpu_math_with_dropout = self._slapo_cpu_math
+        self._slapo.close()
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

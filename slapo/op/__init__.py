@@ -1,7 +1,8 @@
 """The op library: fast implementations of common model pieces, each with an eager reference.
 
 Attention (``attention``, ``AttentionOp``, ``SelfAttention``, HF adapters via
-``attention_from_hf``), fused element-wise ops (``bias_gelu``, ``bias_dropout_residual`` ...),
+``attention_from_hf``; ``cpu_dropout_kernel`` swaps the CPU kernel taken with dropout in a
+scope), fused element-wise ops (``bias_gelu``, ``bias_dropout_residual`` ...),
 MLPs (``MLP``, ``GatedMLP``, ``mlp_from_hf``), the fused sub-layer epilogue of BERT/RoBERTa
 (``DenseDropoutResidualNorm``, ``residual_norm_from_hf``), conv+BatchNorm folding for inference
 (``fuse_conv_bn``, ``fuse_conv_bn_split``, ``ChannelBias``), a dropout with a cheap CPU mask
@@ -20,6 +21,7 @@ from .attention import (
     AttentionOp,
     attention,
     attention_reference,
+    cpu_dropout_kernel,
     padding_mask,
     repeat_kv,
 )
@@ -55,6 +57,7 @@ from .self_attention import SelfAttention, apply_rotary, fuse_qkv, split_qkv
 
 __all__ = [
     "BACKENDS", "attention", "attention_reference", "AttentionOp", "padding_mask", "repeat_kv",
+    "cpu_dropout_kernel",
     "SelfAttention", "fuse_qkv", "split_qkv", "apply_rotary",
     "attention_from_hf", "HFBertSelfAttention", "HFAlbertAttention", "HFGPT2Attention",
     "HFGPTNeoSelfAttention", "HFOPTAttention", "HFLlamaAttention", "HFT5Attention",

@@ -30,12 +30,18 @@ silently downgraded. ``"efficient"``/``"cudnn"`` on a non-CUDA tensor and any ke
 cannot run with the given inputs (e.g. the flash kernel with a float mask or, on CPU, dropout)
 raise :class:`~slapo.errors.OpError` naming the constraint; masks are never dropped to make a
 kernel fit (the original silently ignored them; §9.10). Use ``"auto"`` for "fastest that works".
+
+The CPU kernel of ``"auto"`` with dropout can be swapped for the scope of a ``with`` block:
+:func:`cpu_dropout_kernel` (e.g. a simulator whose fake tensors live on the CPU but stand for a
+GPU's selects the fused kernel a GPU would run). It is the only kernel choice made outside the
+call, and it is made through this public context, never by rebinding this module's names.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Optional
+from typing import Callable, Iterator, List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +51,7 @@ from ..errors import OpError
 
 __all__ = [
     "BACKENDS", "attention", "attention_reference", "AttentionOp", "padding_mask",
-    "structure_mask", "repeat_kv", "check_backend",
+    "structure_mask", "repeat_kv", "check_backend", "cpu_dropout_kernel",
 ]
 
 BACKENDS = ("auto", "math", "flash", "efficient", "cudnn")
@@ -58,6 +64,30 @@ def check_backend(backend: str, call: str = "attention") -> str:
         raise OpError(f"unknown attention backend {backend!r}", call=call,
                       hint=f"choose one of {', '.join(BACKENDS)}")
     return backend
+
+
+SdpaKernel = Callable[..., torch.Tensor]
+_CPU_DROPOUT_KERNELS: List[SdpaKernel] = []  # innermost last (cpu_dropout_kernel)
+
+
+@contextlib.contextmanager
+def cpu_dropout_kernel(kernel: SdpaKernel) -> Iterator[SdpaKernel]:
+    """Within: :func:`attention` with ``backend="auto"`` and dropout on a CPU tensor calls
+    ``kernel(q, k, v, attn_mask=, dropout_p=, is_causal=, scale=)`` (the signature of
+    ``F.scaled_dot_product_attention``; ``k``/``v`` may have fewer heads than ``q``) instead of
+    the math kernel with the cheap dropout mask. Contexts nest (the innermost wins); the choice
+    is process-wide (not per thread), so it also holds in a backward's recomputation of a
+    checkpointed layer. Yields ``kernel``."""
+    if not callable(kernel):
+        raise OpError(f"cpu_dropout_kernel takes a function, got {type(kernel).__name__}",
+                      call="cpu_dropout_kernel",
+                      hint="pass an SDPA-compatible function fn(q, k, v, attn_mask=, "
+                           "dropout_p=, is_causal=, scale=)")
+    _CPU_DROPOUT_KERNELS.append(kernel)
+    try:
+        yield kernel
+    finally:
+        _CPU_DROPOUT_KERNELS.remove(kernel)
 
 
 def _sdpa_backend(backend: str):
@@ -207,6 +237,9 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torc
     """One SDPA call on the requested kernel; a kernel that cannot run the inputs is an
     :class:`OpError` naming them (never a silent fallback)."""
     if dropout_p > 0 and backend == "auto" and q.device.type == "cpu":
+        if _CPU_DROPOUT_KERNELS:
+            return _CPU_DROPOUT_KERNELS[-1](q, k, v, attn_mask=mask, dropout_p=dropout_p,
+                                            is_causal=is_causal, scale=scale)
         return _cpu_math_with_dropout(q, k, v, mask, is_causal, scale, dropout_p)
     try:
         if backend == "auto":

@@ -315,3 +315,33 @@ def test_hf_attention_dropout_only_in_training():
         model.train()
         a, b = model(**inputs).logits, model(**inputs).logits
     assert not torch.allclose(a, clean) and not torch.allclose(a, b)
+
+
+def test_cpu_dropout_kernel_is_used_within_and_restored():
+    """``cpu_dropout_kernel`` swaps the CPU kernel of ``auto`` with dropout (nested: the
+    innermost), not the kernel without dropout; the library's own kernel is back on exit."""
+    from slapo.op import cpu_dropout_kernel
+
+    q, k, v = _qkv(grad=False)
+    seen = []
+
+    def outer(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        seen.append(("outer", dropout_p, is_causal))
+        return torch.zeros_like(q)
+
+    def inner(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+        seen.append(("inner", dropout_p, is_causal))
+        return torch.ones_like(q)
+
+    with cpu_dropout_kernel(outer):
+        assert torch.equal(attention(q, k, v, dropout_p=0.1, causal=True), torch.zeros_like(q))
+        with cpu_dropout_kernel(inner):
+            assert torch.equal(attention(q, k, v, dropout_p=0.1), torch.ones_like(q))
+        attention(q, k, v)  # no dropout: the kernel is not asked
+    assert seen == [("outer", 0.1, True), ("inner", 0.1, False)]
+    torch.manual_seed(0)
+    out = attention(q, k, v, dropout_p=0.1)
+    assert not torch.equal(out, torch.zeros_like(q)) and len(seen) == 2
+    with pytest.raises(OpError, match="takes a function"):
+        with cpu_dropout_kernel("fused"):
+            pass

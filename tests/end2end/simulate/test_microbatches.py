@@ -3,7 +3,6 @@ CUDA's fused attention on GPU profiles (no s x s scores kept)."""
 
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
@@ -87,22 +86,21 @@ def test_slapo_attention_with_dropout_runs_the_fused_kernel_on_gpu_profiles():
     predictions: Slapo BERT-large at 1.9x eager's memory)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from slapo.op import attention
+
     from end2end.simulate.kernels import GpuAttention
     from end2end.simulate.recorder import StepRecorder
-    attention = importlib.import_module("slapo.op.attention")  # the module, not the function
 
-    original = attention._cpu_math_with_dropout
     with FakeTensorMode():
         q, k, v = (torch.randn(2, 4, 128, 16, requires_grad=True) for _ in range(3))
         with GpuAttention(), StepRecorder() as rec:
-            out = attention._sdpa(q, k, v, None, False, None, 0.1, "auto", "test")
+            out = attention(q, k, v, dropout_p=0.1)
             out.sum().backward()
     names = [op.name for op in rec.ops]
     assert any("efficient_attention" in n for n in names), names
     assert not any(n in ("bmm", "_softmax") for n in names), names  # no s x s scores
-    assert attention._cpu_math_with_dropout is original  # restored on exit
-    with FakeTensorMode():  # outside the mode: the CPU math kernel, as on a real CPU
+    with FakeTensorMode():  # outside the mode (restored on exit): the CPU math kernel
         q, k, v = (torch.randn(2, 4, 128, 16) for _ in range(3))
         with StepRecorder() as rec:
-            attention._sdpa(q, k, v, None, False, None, 0.1, "auto", "test")
+            attention(q, k, v, dropout_p=0.1)
     assert any(op.name in ("bmm", "matmul", "_softmax") for op in rec.ops)
