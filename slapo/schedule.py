@@ -5,27 +5,30 @@ so ``ModuleList``/``Sequential`` items are addressed by their index. The tree fo
 tree lazily: after a primitive swaps a module, the nodes below it are rebuilt on next access,
 while the node of the swapped position itself (and its metadata) is kept.
 
-Every registered primitive is a method of ``Schedule`` (see :mod:`slapo.primitives.registry`), and
-every top-level primitive call is recorded in the root's :class:`~slapo.history.History`.
+Every registered primitive is a method of ``Schedule``: the built-in ones are declared on its base
+class :class:`~slapo.primitives.methods.PrimitiveMethods` (typed, for checkers and ``help()``),
+ones registered later are bound when registered (see :mod:`slapo.primitives.registry`). Every
+top-level primitive call is recorded in the root's :class:`~slapo.history.History`.
 """
 
 from __future__ import annotations
 
 import copy
 import difflib
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Type
 
 import torch.distributed as dist
 from torch import nn
 
 from .errors import PathError, RegistryError, SlapoError, describe_module, original_name
 from .history import History
-from .primitives.registry import Primitive, check_original_kwargs, copy_metadata, on_register
+from .primitives.methods import PrimitiveMethods
+from .primitives.registry import Primitive, PrimitiveMethod, check_original_kwargs, on_register
 
 __all__ = ["Schedule", "create_schedule"]
 
 
-class Schedule:
+class Schedule(PrimitiveMethods):
     """A node of the schedule tree: the module at ``path`` plus what was done to it.
 
     Attributes:
@@ -255,8 +258,10 @@ class Schedule:
     def __repr__(self) -> str:
         return f"Schedule(path={self.path!r}, mod={describe_module(self.mod)})"
 
-    def __getattr__(self, name: str) -> Any:  # only for names normal lookup did not find
-        raise original_name("Schedule", name, _ORIGINAL_METHODS)
+    if not TYPE_CHECKING:  # a checker must not take every unknown name for a valid one
+
+        def __getattr__(self, name: str) -> Any:  # only for names normal lookup did not find
+            raise original_name("Schedule", name, _ORIGINAL_METHODS)
 
 
 # Schedule methods of the original Slapo that are spelled differently here (docs/porting.md).
@@ -275,20 +280,18 @@ _INSTANCE_ATTRS = {"mod", "name", "path", "parent", "group", "metadata", "origin
 
 
 def _bind_primitive(cls: Type[Primitive]) -> None:
-    existing = Schedule.__dict__.get(cls.name)
+    """Make the registered primitive ``cls`` a method of ``Schedule`` (built-ins already are)."""
+    existing = next((k.__dict__[cls.name] for k in Schedule.__mro__ if cls.name in k.__dict__),
+                    None)
+    if isinstance(existing, PrimitiveMethod) and existing.primitive is cls:
+        return
     clash = cls.name in _INSTANCE_ATTRS or cls.name.startswith("_")
-    if clash or (existing is not None and not getattr(existing, "_slapo_primitive", False)):
+    if clash or (existing is not None and not isinstance(existing, PrimitiveMethod)):
         raise RegistryError(
             f"primitive name '{cls.name}' clashes with the Schedule attribute of that name",
             hint="choose another name for the primitive",
         )
-
-    def method(self: Schedule, *args: Any, **kwargs: Any) -> Any:
-        return self._call_primitive(cls, args, kwargs)
-
-    method = copy_metadata(method, cls)
-    method._slapo_primitive = True  # type: ignore[attr-defined]
-    setattr(Schedule, cls.name, method)
+    setattr(Schedule, cls.name, PrimitiveMethod(cls))
 
 
 on_register(_bind_primitive)

@@ -17,24 +17,30 @@ it (``@register_primitive``) makes it a method of every :class:`~slapo.Schedule`
     sch["bert.embeddings"].freeze()
 
 Built-in primitives are registered by the explicit imports in ``slapo/primitives/__init__.py``
-(no directory scanning).
+(no directory scanning), and each is declared on the class too
+(``shard = primitive_method(Shard.apply)`` in :mod:`slapo.primitives.methods`), so that type
+checkers know ``sch.shard`` and its argument types; a primitive registered at run time is bound
+with the same :class:`PrimitiveMethod`, which ``help()`` and ``inspect.signature`` see alike.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, ClassVar, Dict, List, Type, TypeVar, Union
+from typing import (Any, Callable, ClassVar, Concatenate, Dict, Generic, List, Optional,
+                    ParamSpec, Type, TypeVar, Union, overload)
 
 from ..errors import PrimitiveError, RegistryError
 
 __all__ = ["Primitive", "register_primitive", "list_primitives", "get_primitive",
-           "check_original_kwargs"]
+           "check_original_kwargs", "PrimitiveMethod", "primitive_method"]
 
 _REGISTRY: Dict[str, Type["Primitive"]] = {}
 _BINDERS: List[Callable[[Type["Primitive"]], None]] = []
 
 P = TypeVar("P", bound=Type["Primitive"])
+Args = ParamSpec("Args")
+R = TypeVar("R")
 
 
 class Primitive:
@@ -127,6 +133,53 @@ def on_register(binder: Callable[[Type[Primitive]], None]) -> None:
     _BINDERS.append(binder)
     for cls in list(_REGISTRY.values()):
         binder(cls)
+
+
+class PrimitiveMethod(Generic[Args, R]):
+    """A primitive as a method of ``Schedule``: ``sch.<name>(...)`` runs the primitive through
+    ``Schedule._call_primitive`` (argument checks, history). Looked up on the class it is a plain
+    function named ``Schedule.<name>`` with ``apply``'s docstring and signature (``sch`` renamed
+    ``self``), so ``help()`` and ``inspect.signature`` show them; to a type checker its type is
+    ``apply``'s, so calls are checked against the primitive's own signature (one source)."""
+
+    def __init__(self, cls: Type[Primitive]) -> None:
+        self.primitive = cls
+
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return self._call_primitive(cls, args, kwargs)
+
+        self.function = copy_metadata(method, cls)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name != self.primitive.name:
+            raise RegistryError(f"primitive '{self.primitive.name}' declared as '{name}'",
+                                hint=f"write `{self.primitive.name} = primitive_method(...)`")
+
+    @overload
+    def __get__(self, obj: None, owner: Optional[type] = None
+                ) -> Callable[Concatenate[Any, Args], R]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: Optional[type] = None) -> Callable[Args, R]: ...
+
+    def __get__(self, obj: Any, owner: Optional[type] = None) -> Callable[..., Any]:
+        # the function on the class, a bound method on an instance, as for a def
+        return self.function.__get__(obj, owner)
+
+
+def primitive_method(apply: Callable[Concatenate[Any, Args], R]) -> PrimitiveMethod[Args, R]:
+    """Declare a registered primitive as a method, in a class body, by its ``apply``:
+    ``shard = primitive_method(Shard.apply)`` (the attribute name must be the primitive's name).
+    Given the function, a type checker takes the method's type from it.
+
+    Raises:
+        RegistryError: ``apply`` is not the ``apply`` of a registered primitive.
+    """
+    for cls in _REGISTRY.values():
+        if cls.apply is apply:
+            return PrimitiveMethod(cls)
+    raise RegistryError(f"{apply!r} is not the apply() of a registered primitive",
+                        hint="decorate its class with @register_primitive first")
 
 
 def method_signature(cls: Type[Primitive]) -> inspect.Signature:
