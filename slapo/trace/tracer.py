@@ -46,6 +46,7 @@ from ..errors import TraceError
 from ..runtime.forward_wrap import copy_forward_wrappers, forward_wrappers, move_hooks
 from .guards import check_branch, check_kwargs, check_specialized, model_source_site
 from .leaf_calls import leaf_callables
+from .modes import merge_modes, trace_in_both_modes
 from .original import keep_original
 from .stand_ins import meta_stand_ins
 from .type_checks import isinstance_sees_values
@@ -332,7 +333,21 @@ def trace_module(
     Raises:
         TraceError: naming the construct (source line) that could not be traced.
     """
-    tracer = ValueTracer(mod, inputs, is_leaf)
+    tracers: List[ValueTracer] = []
+
+    def trace_once() -> fx.Graph:
+        # a fresh copy of stateful inputs (a KV cache grows when the forward runs) per trace
+        tracers.append(ValueTracer(mod, (_detach(inputs[0]), _detach(inputs[1])), is_leaf))
+        return _trace_graph(tracers[-1], mod, path)
+
+    other, graph = trace_in_both_modes(mod, trace_once)
+    merge_modes(graph, other, mod.training, path)
+    gm = _graph_module(mod, graph)
+    return gm, tracers[-1].child_inputs
+
+
+def _trace_graph(tracer: "ValueTracer", mod: nn.Module, path: str) -> fx.Graph:
+    """One trace of ``mod`` (the global RNG state is left as it was)."""
     state = torch.random.get_rng_state()
     try:
         with torch.random.fork_rng(devices=[]), meta_stand_ins(mod), \
@@ -354,8 +369,7 @@ def trace_module(
     for node in graph.nodes:  # a node named `self` would shadow the forward's `self`
         if node.name == "self":
             node._rename("self_out")
-    gm = _graph_module(mod, graph)
-    return gm, tracer.child_inputs
+    return graph
 
 
 _PURE_FUNCS = {getattr, operator.getitem, operator.gt, operator.lt, operator.ge, operator.le,
