@@ -50,7 +50,7 @@ class Checkpoint(Primitive):
     }
 
     @staticmethod
-    def apply(sch, subgraph: Optional[Any] = None) -> None:
+    def apply(sch, subgraph: Optional[Any] = None) -> Optional[str]:
         """Recompute this module's activations in backward instead of storing them.
 
         Whole module (``subgraph=None``): the module's forward runs under
@@ -61,6 +61,7 @@ class Checkpoint(Primitive):
         moved into a new submodule that is checkpointed; see :mod:`slapo.trace.tracer`.
 
         Before: activations of the module are kept for backward. After: only its inputs are.
+        Returns the new submodule's name in the subgraph form, else None.
 
         Raises:
             CheckpointError: the module is already checkpointed.

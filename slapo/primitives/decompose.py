@@ -71,8 +71,10 @@ class Decompose(Primitive):
             raise PrimitiveError("the Linear is already sharded", path=sch.path, call=call,
                                  module=mod, hint="call decompose() before shard()")
         parent = sch.parent.mod if sch.parent is not None else None
+        if not isinstance(parent, fx.GraphModule):
+            parent = None  # not traced: the next trace inlines the decomposed Linear
         sites = [n for n in parent.graph.nodes if n.op == "call_module" and n.target == sch.name
-                 ] if isinstance(parent, fx.GraphModule) else []
+                 ] if parent is not None else []
         if sites and (mod._forward_hooks or mod._forward_pre_hooks or mod._backward_hooks):
             raise PrimitiveError("the module has hooks that the expanded graph would bypass",
                                  path=sch.path, call=call, module=mod,
@@ -80,6 +82,7 @@ class Decompose(Primitive):
         new = LinearWithSeparateBias.from_linear(mod)
         sch.swap_module(new)
         for node in sites:
+            assert parent is not None  # sites come from its graph
             g = parent.graph
             x = node.args[0] if node.args else node.kwargs["input"]
             with g.inserting_before(node):
@@ -89,7 +92,7 @@ class Decompose(Primitive):
                 out = g.call_function(operator.add, (mm, b))
             node.replace_all_uses_with(out)
             g.erase_node(node)
-        if sites:
+        if parent is not None and sites:
             parent.graph.lint()
             parent.recompile()
         sch.metadata["decompose"] = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence, Union
 
+import torch
 from torch import nn
 
 from ..sharding.layout import ShardInfo
@@ -85,6 +86,7 @@ def _slice(sch, shard: TensorShard, plan: ShardPlan) -> None:
     spec = ShardSpec(shard.axis, plan.world_size, plan.rank, shard.global_shape,
                      parts=plan.call.fused)
     local = spec.slice_of(tensor.detach())
+    new_t: torch.Tensor
     if isinstance(tensor, nn.Parameter):
         new_t = nn.Parameter(local, requires_grad=tensor.requires_grad)
         copy_param_tags(tensor, new_t, sch.param_tags)
@@ -92,7 +94,7 @@ def _slice(sch, shard: TensorShard, plan: ShardPlan) -> None:
         new_t = local
     set_shard_spec(new_t, spec)
     for _, omod, oname in shard.owners:
-        store = omod._parameters if oname in omod._parameters else omod._buffers
+        store: dict = omod._parameters if oname in omod._parameters else omod._buffers
         store[oname] = new_t
 
 

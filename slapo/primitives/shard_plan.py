@@ -29,7 +29,7 @@ Owner = Tuple[str, nn.Module, str]  # (module path from the root, module, tensor
 
 def tensor_owners(root: nn.Module, tensor: torch.Tensor) -> List[Owner]:
     """Every ``(path, module, name)`` in ``root`` holding exactly ``tensor`` (tied weights)."""
-    out = []
+    out: List[Owner] = []
     for path, mod in root.named_modules(remove_duplicate=False):
         for name, t in list(mod._parameters.items()) + list(mod._buffers.items()):
             if t is tensor and all(m is not mod or n != name for _, m, n in out):

@@ -35,6 +35,8 @@ __all__ = ["replace_subgraph", "checkpoint_subgraph", "RegionModule", "extract_r
 class RegionModule(nn.Module):
     """Runs an extracted subgraph (checkpointed and/or compiled) without owning its modules."""
 
+    _region: fx.GraphModule  # a plain attribute, not a submodule (see __init__)
+
     def __init__(self, region: fx.GraphModule, kind: str, compiler: Optional[str] = None):
         super().__init__()
         object.__setattr__(self, "_region", region)  # hidden: not a submodule
@@ -42,16 +44,18 @@ class RegionModule(nn.Module):
         self._compiled: Optional[Callable] = None
 
     def _runner(self) -> Callable:
+        region = self._region
         if self.compiler is None:
-            return self._region
-        if self._compiled is None:
+            return region
+        compiled = self._compiled
+        if compiled is None:
             import torch
 
             # hidden like _region: registered, the compiled module would add the region's
             # modules to state_dict and the schedule tree after the first call
-            object.__setattr__(self, "_compiled",
-                               torch.compile(self._region, backend=self.compiler))
-        return self._compiled
+            compiled = torch.compile(region, backend=self.compiler)
+            object.__setattr__(self, "_compiled", compiled)
+        return compiled
 
     def forward(self, *args: Any) -> Any:
         if self.kind == "checkpoint":
@@ -162,14 +166,14 @@ def _finish(gm: fx.GraphModule) -> None:
 
 
 def _erase(gm: fx.GraphModule, subgraphs: Sequence[Subgraph], drop_modules: bool) -> None:
-    targets = set()
+    targets = set()  # module targets are str (fx types a node's target as str | Callable)
     for s in subgraphs:
         for n in reversed(s.nodes):
             if n.op == "call_module":
-                targets.add(n.target)
+                targets.add(str(n.target))
             gm.graph.erase_node(n)
     if drop_modules:
-        used = {n.target for n in gm.graph.nodes if n.op in ("call_module", "get_attr")}
+        used = {str(n.target) for n in gm.graph.nodes if n.op in ("call_module", "get_attr")}
         for t in targets:
             if not any(u == t or u.startswith(t + ".") for u in used):
                 gm.delete_submodule(t)
@@ -179,9 +183,9 @@ def _hooked(gm: fx.GraphModule, s: Subgraph) -> List[str]:
     out = []
     for n in s.nodes:
         if n.op == "call_module":
-            m = gm.get_submodule(n.target)
+            m = gm.get_submodule(str(n.target))
             if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
-                out.append(n.target)
+                out.append(str(n.target))
     return out
 
 
@@ -237,7 +241,7 @@ def replace_subgraph(sch, new: Union[nn.Module, Callable], subgraph: Any,
                                hint="choose another name or leave name=None")
         target = name or _unique(gm, type(new).__name__)
         if len(items) == 1 and len(items[0].nodes) == 1 and items[0].nodes[0].op == "call_module":
-            move_hooks(gm.get_submodule(items[0].nodes[0].target), new)
+            move_hooks(gm.get_submodule(str(items[0].nodes[0].target)), new)
         gm.add_module(target, new)
     first = min((s.output for s in items), key=list(gm.graph.nodes).index)
     with gm.graph.inserting_before(first):
