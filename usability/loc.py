@@ -10,9 +10,9 @@ lines are counted once and both families list the module. The shared helpers (``
 the paper's schedules call primitives. The ``auto`` schedule (``auto.py``: a schedule derived from
 the model's own tensor-parallel plan, for any family that declares one) is a generator, not a
 recipe of one family: its row counts ``auto.py``, and the plan interpreter it alone calls
-(``tp_plan.py``: plan styles -> primitives; ``moe.py``: experts and routers) has rows of its own
-(``AUTO_HELPERS``). What a user writes for it is one line, ``apply_schedule(model, "auto")``.
-The paper's counts (Table 4) are listed beside; they
+(``tp_plan/``: plan styles -> primitives, a package counted as one row; ``moe.py``: experts
+and routers) has rows of its own (``AUTO_HELPERS``). What a user writes for it is one line,
+``apply_schedule(model, "auto")``. The paper's counts (Table 4) are listed beside; they
 count condensed ``.schedule`` pseudo-code with another rule (every line minus those containing
 "for"), so they are a reference, not the same measurement.
 """
@@ -91,9 +91,13 @@ def table() -> List[Dict[str, object]]:
                          lines=code_lines(path.read_text()), shared_with=["all"], paper=None))
     for name in AUTO_HELPERS:
         path = package / f"{name}.py"
-        rows.append(dict(family="(auto's plan interpreter)",
-                         module=f"slapo/model_schedule/{path.name}",
-                         lines=code_lines(path.read_text()), shared_with=["auto"], paper=None))
+        if not path.exists():  # a sub-package: the code lines of all its modules
+            path = package / name
+        files = sorted(path.glob("*.py")) if path.is_dir() else [path]
+        module = f"slapo/model_schedule/{path.name}" + ("/" if path.is_dir() else "")
+        rows.append(dict(family="(auto's plan interpreter)", module=module,
+                         lines=sum(code_lines(f.read_text()) for f in files), shared_with=["auto"],
+                         paper=None))
     return rows
 
 

@@ -2,9 +2,10 @@
 
 Any transformers 5 causal LM whose config declares ``base_model_tp_plan`` (164 families) gets:
 
-1. the plan entries as Slapo primitives (:mod:`slapo.model_schedule.tp_plan`: every style either
-   becomes ``shard``/``sync``/``all_reduce_grads`` calls or is refused with a ``ConfigError``
-   naming the entry; mixture-of-experts entries go to :mod:`slapo.model_schedule.moe`);
+1. the plan entries as Slapo primitives (:mod:`slapo.model_schedule.tp_plan`: every style, one
+   class each, either becomes ``shard``/``sync``/``all_reduce_grads`` calls or is refused with
+   a ``ConfigError`` naming the entry; mixture-of-experts entries go to
+   :mod:`slapo.model_schedule.moe`);
 2. what Slapo adds on top:
 
    * the op library's SDPA attention (:func:`slapo.op.attention_from_hf`) for the attention
@@ -15,7 +16,8 @@ Any transformers 5 causal LM whose config declares ``base_model_tp_plan`` (164 f
      probe input at schedule time; Gemma's ``1 + weight`` norms are kept), with ``fuse``;
    * a vocab-parallel embedding and LM head (tied or not) with the vocab-parallel causal loss,
      with ``shard_embedding`` (the plan's ``embed_tokens``/``lm_head`` entries are replaced by
-     it; with the knob off both stay whole);
+     it; with the knob off both stay whole), and the sequence-parallel region: the tail the
+     hand-written decoder recipes share (``common.vocab_and_sequence_parallel``);
    * ``ckpt_ratio`` over the decoder layers, ``pipeline_cuts`` (needs ``example_inputs``), KV
      cache off, ``sequence_parallel`` for LLaMA-shaped layers (refused otherwise);
 3. a report of the modules the plan leaves whole (``warnings.warn`` and
@@ -28,7 +30,7 @@ Knobs: every ``ScheduleConfig`` field, plus ``example_inputs`` (for pipeline cut
 from __future__ import annotations
 
 import copy
-from typing import Any, List, Optional, Sequence, Set
+from typing import Any, List, Optional, Sequence, Set, Tuple
 
 import torch
 from torch import nn
@@ -96,17 +98,18 @@ def _replace_attentions(sch: Schedule, cfg: ScheduleConfig, mode: C.TPMode,
     return [e for e in entries if e.path.rpartition(".")[0] not in replaced]
 
 
-def _vocab_parallel(sch: Schedule, cfg: ScheduleConfig, mode: C.TPMode,
-                    entries: List[P.PlanEntry]) -> List[P.PlanEntry]:
-    """The input embedding and the LM head: vocab-parallel (with the vocab-parallel causal
-    loss) under TP with ``shard_embedding``, else whole; returns the entries left to the plan."""
+def _vocab_paths(sch: Schedule, entries: Sequence[P.PlanEntry]
+                 ) -> Tuple[Optional[str], Optional[str]]:
+    """The input embedding and the LM head that become vocab-parallel (the latter with the
+    vocab-parallel causal loss) under TP with ``shard_embedding``; ``None`` for one that is
+    absent, not plain, or kept whole by the plan. Their plan entries are replaced by this."""
     model = sch.mod
     emb = _path_of(sch, model.get_input_embeddings()) if hasattr(
         model, "get_input_embeddings") else None
     head = _path_of(sch, model.get_output_embeddings()) if hasattr(
         model, "get_output_embeddings") else None
     # the plan's own word wins where it keeps the module whole (Inkling2's normed embedding)
-    whole = {e.path for e in entries if e.style in P.REPLICATED_STYLES and e.param is None}
+    whole = {e.path for e in entries if P.STYLES[e.style].keeps_whole and e.param is None}
     emb_mod = sch[emb].mod if emb is not None else None
     emb = emb if emb not in whole and P.plain_embedding(emb_mod) else None
     head_mod = sch[head].mod if head is not None else None
@@ -114,13 +117,7 @@ def _vocab_parallel(sch: Schedule, cfg: ScheduleConfig, mode: C.TPMode,
         head_mod, "weight", None) is getattr(emb_mod, "weight", False)
     head = head if head not in whole and isinstance(head_mod, nn.Linear) and P.plain_linear(
         head_mod) and not tied_to_whole else None
-    if not (mode.tp and cfg.shard_embedding):
-        return [e for e in entries if e.path not in (emb, head)]
-    if emb is not None:
-        C.shard_embedding(sch, [emb])
-    if head is not None:
-        C.shard_lm_head(sch, head, mode, cfg, loss="causal")
-    return [e for e in entries if e.path not in (emb, head)]
+    return emb, head
 
 
 def _rms_norm_matches(mod: nn.Module, new: nn.Module) -> bool:
@@ -160,28 +157,28 @@ def fuse_matching_rms_norms(sch: Schedule) -> List[str]:
     return done
 
 
-def _sequence_parallel(sch: Schedule, layers: Sequence[str], entries: Sequence[P.PlanEntry],
-                       norm: str) -> None:
-    """Sequence parallelism for LLaMA-shaped layers (``input_layernorm`` and
-    ``post_attention_layernorm`` feeding the TP regions, a final ``norm``) whose plan has only
-    ``colwise``/``rowwise``/replicated entries.
+SP_NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+def _check_sequence_parallel(sch: Schedule, layers: Sequence[str],
+                             entries: Sequence[P.PlanEntry], norm: str) -> None:
+    """Sequence parallelism fits LLaMA-shaped layers (:data:`SP_NORMS` feeding the TP regions,
+    a final ``norm``) whose plan has only ``colwise``/``rowwise``/replicated entries.
 
     Raises:
         ConfigError: naming what does not fit.
     """
     shape_ok = bool(layers) and norm in sch and all(
-        f"{layer}.{n}" in sch for layer in layers
-        for n in ("input_layernorm", "post_attention_layernorm"))
-    bad = [e for e in entries if e.style not in ("colwise", "rowwise", *P.REPLICATED_STYLES)]
+        f"{layer}.{n}" in sch for layer in layers for n in SP_NORMS)
+    plain = (P.Colwise(), P.Rowwise())
+    bad = [e for e in entries
+           if P.STYLES[e.style] not in plain and not P.STYLES[e.style].keeps_whole]
     if not shape_ok or bad:
         why = (f"plan entry '{bad[0].glob}: {bad[0].style}' gathers or splits activations"
                if bad else "the layers are not LLaMA-shaped (input_layernorm, "
                "post_attention_layernorm, a final norm)")
         raise ConfigError(f"sequence_parallel is not supported for this model: {why}",
                           call=_CALL, hint="drop sequence_parallel=True")
-    norms = [f"{layer}.{n}" for layer in layers
-             for n in ("input_layernorm", "post_attention_layernorm")]
-    C.sequence_parallel_region(sch, layers[0], norms, norm)
 
 
 @register_model_schedule("auto", extra_knobs=("example_inputs", "expert_parallel"))
@@ -206,12 +203,15 @@ def schedule_auto(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
     layers = decoder_layers(sch, entries)
     base = entries[0].glob.partition(".*.")[0].rpartition(".")[0] if entries else ""
     entries = _replace_attentions(sch, cfg, mode, entries)
-    entries = _vocab_parallel(sch, cfg, mode, entries)
+    emb, head = _vocab_paths(sch, entries)
+    entries = [e for e in entries if e.path not in (emb, head)]
     if cfg.fuse:  # before the plan: its hooks go on the modules that stay
         fuse_matching_rms_norms(sch)
     ctx = P.apply_plan(sch, entries, cfg, mode, expert_parallel=expert_parallel)
     if mode.sp:
-        _sequence_parallel(sch, layers, entries, C.join(base, "norm"))
+        _check_sequence_parallel(sch, layers, entries, C.join(base, "norm"))
+    C.vocab_and_sequence_parallel(sch, cfg, mode, embedding=emb, lm_head=head, layers=layers,
+                                  norms=SP_NORMS, final_norm=C.join(base, "norm"))
     P.report_unsharded(sch, ctx.handled)
     C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
     C.cut_pipeline(sch, cfg, [layers] if layers else [], "auto", example_inputs)

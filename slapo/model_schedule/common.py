@@ -8,6 +8,8 @@ Every helper takes a schedule and module paths, so a recipe reads as "which path
 * :func:`shard_attention`, :func:`shard_mlp`, :func:`shard_embedding`, :func:`shard_lm_head`:
   Megatron-style tensor parallelism (column-parallel entry, row-parallel exit, one all-reduce
   per region each way), or its sequence-parallel form (:class:`TPMode`);
+  :func:`vocab_and_sequence_parallel` is the tail the decoder recipes share (vocab-parallel
+  embedding and head, the sequence-parallel region);
 * :func:`checkpoint_layers` checkpoints exactly ``checkpoint_layer_ids(L, ratio)`` layers;
 * :func:`cut_pipeline` records pipeline cuts (refused until the pipeline primitive exists).
 """
@@ -30,8 +32,8 @@ __all__ = [
     "TPMode", "backbone", "join", "layer_paths", "disable_kv_cache", "tp_mode",
     "replace_attention", "replace_mlp", "replace_residual_norm", "native_gelu", "sdpa_masks",
     "column_parallel", "row_parallel", "shard_attention", "shard_mlp", "shard_embedding",
-    "shard_lm_head", "sequence_parallel_region", "LayerPlan", "schedule_layers",
-    "checkpoint_layers", "cut_pipeline",
+    "shard_lm_head", "sequence_parallel_region", "vocab_and_sequence_parallel", "LayerPlan",
+    "schedule_layers", "checkpoint_layers", "cut_pipeline",
 ]
 
 
@@ -306,6 +308,26 @@ def sequence_parallel_region(sch: Schedule, first_layer: str, norms: Sequence[st
     for path in [*norms, final_norm]:
         gather_sequence(sch[path])
         mark_replicated(sch[path])
+
+
+def vocab_and_sequence_parallel(sch: Schedule, cfg: ScheduleConfig, mode: TPMode, *,
+                                embedding: Optional[str], lm_head: Optional[str],
+                                layers: Sequence[str], norms: Sequence[str],
+                                final_norm: str) -> None:
+    """The tail of a decoder recipe: under TP with ``cfg.shard_embedding``, the vocab-parallel
+    ``embedding`` (:func:`shard_embedding`) and ``lm_head`` with the vocab-parallel causal loss
+    (:func:`shard_lm_head`; either may be ``None``: absent or kept whole); with sequence
+    parallelism, the region around the decoder ``layers``, gathered after each layer's
+    ``norms`` (names relative to a layer) and after ``final_norm``
+    (:func:`sequence_parallel_region`)."""
+    if mode.tp and cfg.shard_embedding:
+        if embedding is not None:
+            shard_embedding(sch, [embedding])
+        if lm_head is not None:
+            shard_lm_head(sch, lm_head, mode, cfg, loss="causal")
+    if mode.sp:
+        per_layer = [join(layer, name) for layer in layers for name in norms]
+        sequence_parallel_region(sch, layers[0], per_layer, final_norm)
 
 
 @dataclasses.dataclass(frozen=True)

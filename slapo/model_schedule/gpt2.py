@@ -35,13 +35,9 @@ def schedule_gpt_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fam
     C.schedule_layers(sch, cfg, mode, layers, plan, fuse_bias_gelu=fuse_bias_gelu)
     if cfg.attn_kernel != "eager":
         C.sdpa_masks(sch, model_config)
-    if mode.tp and cfg.shard_embedding:
-        C.shard_embedding(sch, [C.join(p, "wte")])
-        if "lm_head" in sch:
-            C.shard_lm_head(sch, "lm_head", mode, cfg, loss="causal")
-    if mode.sp:
-        norms = [f"{h}.{n}" for h in layers for n in plan.norms]
-        C.sequence_parallel_region(sch, layers[0], norms, C.join(p, "ln_f"))
+    C.vocab_and_sequence_parallel(sch, cfg, mode, embedding=C.join(p, "wte"),
+                                  lm_head="lm_head" if "lm_head" in sch else None,
+                                  layers=layers, norms=plan.norms, final_norm=C.join(p, "ln_f"))
     C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
     C.cut_pipeline(sch, cfg, [layers], family, example_inputs)
 

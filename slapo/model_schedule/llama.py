@@ -36,12 +36,8 @@ def schedule_llama(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
     C.schedule_layers(sch, cfg, mode, layers, PLAN)
     if cfg.fuse:
         C.fuse_rms_norms(sch)
-    if mode.tp and cfg.shard_embedding:
-        C.shard_embedding(sch, [C.join(p, "embed_tokens")])
-        if "lm_head" in sch:
-            C.shard_lm_head(sch, "lm_head", mode, cfg, loss="causal")
-    if mode.sp:
-        norms = [f"{layer}.{n}" for layer in layers for n in PLAN.norms]
-        C.sequence_parallel_region(sch, layers[0], norms, C.join(p, "norm"))
+    C.vocab_and_sequence_parallel(sch, cfg, mode, embedding=C.join(p, "embed_tokens"),
+                                  lm_head="lm_head" if "lm_head" in sch else None,
+                                  layers=layers, norms=PLAN.norms, final_norm=C.join(p, "norm"))
     C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
     C.cut_pipeline(sch, cfg, [layers], "llama", example_inputs)
