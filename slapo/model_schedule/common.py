@@ -17,7 +17,7 @@ Every helper takes a schedule and module paths, so a recipe reads as "which path
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -192,20 +192,28 @@ def fast_dropout(sch: Schedule) -> List[str]:
     return paths
 
 
-def column_parallel(sch: Schedule, mode: TPMode, *, grad_sync: bool = True) -> None:
-    """Shard a Linear (or HF Conv1D) column-wise: weight and bias on the output axis; the
-    input gradient is then partial and all-reduced (``grad_sync``, not with sequence
-    parallelism, where the gather before the region reduce-scatters it)."""
+def _fused(fused: int) -> Dict[str, int]:
+    """``shard``'s ``fused`` keyword, left out when 1 (the history shows only what matters)."""
+    return {"fused": fused} if fused != 1 else {}
+
+
+def column_parallel(sch: Schedule, mode: TPMode, *, grad_sync: bool = True,
+                    fused: int = 1) -> None:
+    """Shard a Linear (or HF Conv1D) column-wise: weight and bias on the output axis (with
+    ``fused`` packed blocks, e.g. gate|up, a slice of each); the input gradient is then partial
+    and all-reduced (``grad_sync``, not with sequence parallelism, where the gather before the
+    region reduce-scatters it)."""
     names = ["weight"] + (["bias"] if getattr(sch.mod, "bias", None) is not None else [])
-    sch.shard(names, axis=1 if _is_conv1d(sch.mod) else 0)
+    sch.shard(names, axis=1 if _is_conv1d(sch.mod) else 0, **_fused(fused))
     if grad_sync and not mode.sp:
         sch.sync("bwd_post", "all_reduce")
 
 
-def row_parallel(sch: Schedule, mode: TPMode) -> None:
-    """Shard a Linear (or HF Conv1D) row-wise and reduce its partial output (all-reduce, or
-    reduce-scatter along the sequence with sequence parallelism); the bias is added once."""
-    sch.shard("weight", axis=0 if _is_conv1d(sch.mod) else 1)
+def row_parallel(sch: Schedule, mode: TPMode, *, fused: int = 1) -> None:
+    """Shard a Linear (or HF Conv1D) row-wise (with ``fused`` packed blocks, a slice of each)
+    and reduce its partial output (all-reduce, or reduce-scatter along the sequence with
+    sequence parallelism); the bias is added once."""
+    sch.shard("weight", axis=0 if _is_conv1d(sch.mod) else 1, **_fused(fused))
     if mode.sp:
         reduce_scatter_sequence(sch)
     else:

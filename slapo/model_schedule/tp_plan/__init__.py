@@ -71,7 +71,7 @@ from .styles import (EXPERTS_STYLE, REFUSED, STYLES, AllReduceOutput, Colwise, E
                      Experts, PlanContext, Replicate, ReplicatedGradAllReduce, Rowwise, Style,
                      plain_embedding, plain_linear)
 
-COLUMN_STYLES = tuple(name for name, style in STYLES.items() if style.column)
+COLUMN_STYLES = tuple(name for name, style in STYLES.items() if isinstance(style, Colwise))
 """The HF style strings of column-parallel Linears."""
 REPLICATED_STYLES = tuple(name for name, style in STYLES.items() if style.keeps_whole)
 """The HF style strings that keep a module's parameters whole on purpose."""

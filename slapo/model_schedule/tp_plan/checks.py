@@ -23,7 +23,7 @@ from ...schedule import Schedule
 from ...sharding.spec import get_shard_spec
 from .. import common as C
 from .plan import PlanEntry, plan_error
-from .styles import REFUSED, STYLES, Colwise, PlanContext
+from .styles import REFUSED, STYLES, Colwise, PlanContext, Rowwise
 
 __all__ = ["check_styles", "check_heads", "group_columns", "cover_regions", "is_sharded"]
 
@@ -81,7 +81,7 @@ def group_columns(sch: Schedule, entries: Sequence[PlanEntry]) -> Dict[str, List
     two, fed nothing else): one input-gradient all-reduce on the parent serves them all."""
     by_parent: Dict[str, List[str]] = {}
     for e in entries:
-        if STYLES[e.style].column and e.param is None and "." in e.path:
+        if isinstance(STYLES[e.style], Colwise) and e.param is None and "." in e.path:
             by_parent.setdefault(e.path.rpartition(".")[0], []).append(e.path)
     groups = {}
     for parent, paths in by_parent.items():
@@ -124,13 +124,14 @@ def is_sharded(mod: nn.Module) -> bool:
 
 
 def _regions(entries: Sequence[PlanEntry]) -> Set[str]:
-    """Modules with a child whose sharded output is not gathered back and a child that reads
-    sharded activations: between the two, activations are sharded (olmo2's gathered q/k/v feed
-    whole-hidden norms, so they open no region)."""
-    opened = {e.path.rpartition(".")[0] for e in entries
-              if STYLES[e.style].shards_output and e.param is None}
-    return opened & {e.path.rpartition(".")[0] for e in entries
-                     if STYLES[e.style].reads_sharded_input}
+    """Modules with a column-parallel child whose output is not gathered back and a
+    row-parallel child that does not split its input again: between the two, activations are
+    sharded (olmo2's gathered q/k/v feed whole-hidden norms, so they open no region)."""
+    styles = [(e, STYLES[e.style]) for e in entries]
+    opened = {e.path.rpartition(".")[0] for e, s in styles
+              if isinstance(s, Colwise) and not s.gather_output and e.param is None}
+    return opened & {e.path.rpartition(".")[0] for e, s in styles
+                     if isinstance(s, Rowwise) and not s.split_input}
 
 
 def cover_regions(ctx: PlanContext, entries: Sequence[PlanEntry]) -> None:

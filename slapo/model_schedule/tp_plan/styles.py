@@ -51,26 +51,11 @@ class PlanContext:
 
 
 class Style:
-    """A plan style. Class flags say how it is seen by the checks:
+    """A plan style: :meth:`apply` turns one entry into primitive calls. ``keeps_whole``
+    (class flag): the module's parameters stay whole on purpose (not reported as left
+    unsharded, and they win over the vocab-parallel embedding and head)."""
 
-    ``column``: a column-parallel Linear (its input gradient is partial; projections sharing
-    an input are reduced once on their parent); ``row``: a row-parallel one; ``keeps_whole``:
-    the module's parameters stay whole on purpose (not reported as left unsharded).
-    """
-
-    column: ClassVar[bool] = False
-    row: ClassVar[bool] = False
     keeps_whole: ClassVar[bool] = False
-
-    @property
-    def shards_output(self) -> bool:
-        """Whether sharded activations leave the module (opens a tensor-parallel region)."""
-        return False
-
-    @property
-    def reads_sharded_input(self) -> bool:
-        """Whether the module reads sharded activations (closes a tensor-parallel region)."""
-        return False
 
     def apply(self, ctx: PlanContext, entry: PlanEntry) -> None:
         """Turn ``entry`` into primitive calls on ``ctx.sch``."""
@@ -104,67 +89,54 @@ def _linear(ctx: PlanContext, entry: PlanEntry) -> nn.Module:
 
 
 @dataclasses.dataclass(frozen=True)
-class Colwise(Style):
-    """Column-parallel Linear (or HF Conv1D): ``shard(weight/bias, axis=0)``, the input
-    gradient all-reduced (by the parent when it feeds several projections, ``ctx.grouped``;
-    not with sequence parallelism). ``gather_output``: then ``sync("fwd_post", "all_gather",
-    -1)`` (HF ``colwise_gather_output``, ``colwise_rep``). ``packed``: the weight holds two
-    packed blocks (gate|up) and each rank takes a slice of each, ``fused=2`` (HF
-    ``packed_colwise``)."""
+class _LinearStyle(Style):
+    """A plain Linear (or HF Conv1D) sharded by :meth:`shard`. ``packed``: its weight holds
+    two packed blocks (gate|up) and each rank takes a slice of each (``fused=2``)."""
 
-    gather_output: bool = False
     packed: bool = False
-    column: ClassVar[bool] = True
-
-    @property
-    def shards_output(self) -> bool:
-        """Sharded activations leave it unless they are gathered back."""
-        return not self.gather_output
 
     def apply(self, ctx: PlanContext, entry: PlanEntry) -> None:
-        """Shard the Linear at ``entry.path`` column-wise (class docs)."""
-        mod = _linear(ctx, entry)
-        node = ctx.sch[entry.path]
-        grad_sync = entry.path not in ctx.grouped
-        if not self.packed:
-            C.column_parallel(node, ctx.mode, grad_sync=grad_sync)
-        else:
-            names = ["weight"] + (["bias"] if getattr(mod, "bias", None) is not None else [])
-            node.shard(names, axis=1 if C._is_conv1d(mod) else 0, fused=2)
-            if grad_sync and not ctx.mode.sp:
-                node.sync("bwd_post", "all_reduce")
-        if self.gather_output:
-            node.sync("fwd_post", "all_gather", axis=-1)
+        """Check that ``entry`` names a plain Linear, then :meth:`shard` it."""
+        _linear(ctx, entry)
+        self.shard(ctx, entry.path, fused=2 if self.packed else 1)
+
+    def shard(self, ctx: PlanContext, path: str, fused: int) -> None:
+        """The primitive calls on the Linear at ``path``."""
+        raise NotImplementedError
 
 
 @dataclasses.dataclass(frozen=True)
-class Rowwise(Style):
-    """Row-parallel Linear (or HF Conv1D): ``shard(weight, axis=1)`` and its partial output
-    all-reduced (reduce-scattered along the sequence with sequence parallelism); the bias is
-    added once. ``split_input``: the whole input is first split, ``sync("fwd_pre", "scatter",
-    -1)`` (HF ``rowwise_split_input``, ``rowwise_rep``). ``packed``: ``fused=2`` (HF
-    ``packed_rowwise``)."""
+class Colwise(_LinearStyle):
+    """Column-parallel Linear: ``shard(weight/bias, axis=0)``, the input gradient all-reduced
+    (by the parent when it feeds several projections, ``ctx.grouped``; not with sequence
+    parallelism). ``gather_output``: then ``sync("fwd_post", "all_gather", -1)`` (HF
+    ``colwise_gather_output``, ``colwise_rep``). ``packed=True``: HF ``packed_colwise``."""
+
+    gather_output: bool = False
+
+    def shard(self, ctx: PlanContext, path: str, fused: int) -> None:
+        """Column-parallel (``common.column_parallel``), then the gather if asked."""
+        C.column_parallel(ctx.sch[path], ctx.mode, grad_sync=path not in ctx.grouped,
+                          fused=fused)
+        if self.gather_output:
+            ctx.sch[path].sync("fwd_post", "all_gather", axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rowwise(_LinearStyle):
+    """Row-parallel Linear: ``shard(weight, axis=1)`` and its partial output all-reduced
+    (reduce-scattered along the sequence with sequence parallelism); the bias is added once.
+    ``split_input``: the whole input is first split, ``sync("fwd_pre", "scatter", -1)`` (HF
+    ``rowwise_split_input``, ``rowwise_rep``). ``packed=True``: HF ``packed_rowwise`` (the
+    plan's packed styles are refused with sequence parallelism)."""
 
     split_input: bool = False
-    packed: bool = False
-    row: ClassVar[bool] = True
 
-    @property
-    def reads_sharded_input(self) -> bool:
-        """It reads sharded activations unless it splits a whole input itself."""
-        return not self.split_input
-
-    def apply(self, ctx: PlanContext, entry: PlanEntry) -> None:
-        """Shard the Linear at ``entry.path`` row-wise (class docs)."""
-        mod = _linear(ctx, entry)
-        node = ctx.sch[entry.path]
-        if not self.packed:
-            C.row_parallel(node, ctx.mode)
-        else:
-            node.shard("weight", axis=0 if C._is_conv1d(mod) else 1, fused=2)
-            node.sync("fwd_post", "all_reduce")
+    def shard(self, ctx: PlanContext, path: str, fused: int) -> None:
+        """Row-parallel (``common.row_parallel``), the input split first if asked."""
+        C.row_parallel(ctx.sch[path], ctx.mode, fused=fused)
         if self.split_input:
-            node.sync("fwd_pre", "scatter", axis=-1)
+            ctx.sch[path].sync("fwd_pre", "scatter", axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)
