@@ -30,9 +30,29 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-__all__ = ["run_candidate", "config_text", "main"]
+__all__ = ["run_candidate", "config_text", "candidate_arguments", "cpu_command", "main"]
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+
+
+def candidate_arguments(mode: str, model: str, gpus: int, seq_len: int, **options) -> List[str]:
+    """A space file's run of one candidate as arguments, shared by its ``command`` (this driver)
+    and its ``predict`` (``end2end.simulate.one``): mode, model, ranks, sequence, the candidate's
+    ``{batch_size}`` and ``{ckpt_ratio}``, then each option as ``--name value``."""
+    args = ["--mode", mode, "--model", model, "--gpus", str(gpus), "--seq-len", str(seq_len),
+            "--batch-size", "{batch_size}", "--ckpt", "{ckpt_ratio}"]
+    for name, value in options.items():
+        args += [f"--{name.replace('_', '-')}", str(value)]
+    return args
+
+
+def cpu_command(run: Sequence[str], results: str, mem_budget_gb: float) -> List[str]:
+    """The ``command`` of a CPU-scale space: this driver on ``run`` (:func:`candidate_arguments`)
+    for 1 warm-up and 2 steps, under a per-rank memory budget (the CPU's OOM), stopped at 240 s
+    (the space's ``timeout`` leaves it time to write the row)."""
+    return [sys.executable, "-m", "autotune.driver", *run, "--results", results, "--steps", "2",
+            "--warmup", "1", "--device", "cpu", "--gemm-seconds", "0.1", "--mem-budget-gb",
+            str(mem_budget_gb), "--timeout", "240"]
 
 
 def build_parser() -> argparse.ArgumentParser:

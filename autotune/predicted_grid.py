@@ -3,16 +3,17 @@ autotune.predicted_grid --space FILE --predictions FILE [--simulate] [--json FIL
 
 Without a GPU the paper-scale Figure 10 (``autotune/spaces/bert_paper.py``) can only be
 predicted. ``--simulate`` predicts every candidate the predictions file lacks with the space's
-``predict`` command (:func:`autotune.pruning.simulate_missing`: one ``end2end.simulate.one``
-run each, appended to the file, so an interrupted run resumes). The predictions then stand in
-for the grid's measurements (:func:`predicted_outcomes`: ``sim`` is a run at the predicted
-samples/s, ``sim-oom`` an out-of-memory run, ``fail``/``timeout`` a failed one) and the tuner's
-strategies are replayed on them in memory (:func:`autotune.seeds.replay_strategy`): the
-OOM-aware search once, TPE once per seed. Printed: the predicted optimum and OOM candidates,
-then per strategy whether it reached the predicted optimum and after how many evaluations;
-``--json FILE`` keeps the runs (the ``grid-predicted`` report kind draws them). ``--batches
-10,14,18`` keeps only those batch sizes of the space (a constraint on ``batch_size``: a smaller
-grid when predicting all of it costs too long; the replay searches that smaller grid).
+``predict`` command (:func:`autotune.pruning.simulate_missing`: one ``end2end.simulate.one`` run
+each, appended to the file, so an interrupted run resumes). The predictions then stand in for
+the grid's measurements (:func:`end2end.results.tuning.predicted_outcomes`: ``sim`` is a run at
+the predicted samples/s, ``sim-oom`` an out-of-memory run, ``fail``/``timeout`` a failed one)
+and the tuner's strategies are replayed on them in memory
+(:func:`autotune.seeds.replay_strategy`): the OOM-aware search once, TPE once per seed. Printed:
+the predicted optimum and OOM candidates, then per strategy whether it reached the predicted
+optimum and after how many evaluations; ``--json FILE`` keeps the runs (the ``grid-predicted``
+report kind draws them). ``--batches 10,14,18`` keeps only those batch sizes of the space (a
+constraint on ``batch_size``: a smaller grid when predicting all of it costs too long; the
+replay searches that smaller grid).
 
 This says whether the search finds the optimum *of the prediction*; whether the prediction's
 optimum is the GPU's is for a GPU to say.
@@ -29,39 +30,17 @@ import sys
 from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence
 
-from slapo.autotune import Prediction
 from slapo.autotune.cli import format_values, load_space_file
 from slapo.autotune.study import key_of
 from slapo.errors import TuneError
 
-from autotune.pruning import load_predictions, simulate_missing
-from autotune.seeds import SeedRun, add_replay_options, replay_strategy, summarize
+from end2end.results.tuning import (SeedRun, load_predictions, predicted_optimum,
+                                    predicted_outcomes, summarize)
 
-__all__ = ["predicted_outcomes", "predicted_optimum", "keep_batches", "replay", "main"]
+from autotune.pruning import simulate_missing
+from autotune.seeds import add_replay_options, replay_strategy
 
-
-def predicted_outcomes(predictions: Dict[str, Prediction]) -> Dict[str, dict]:
-    """Candidate key -> the outcome a replay reads (``status``, ``throughput``), from its
-    prediction."""
-    out = {}
-    for key, p in predictions.items():
-        if p.status == "sim" and p.samples_per_s is not None:
-            out[key] = {"status": "ok", "throughput": p.samples_per_s,
-                        "memory_gb": p.memory_gb}
-        elif p.status == "sim-oom":
-            out[key] = {"status": "oom", "error": p.error or "predicted out of memory"}
-        else:
-            out[key] = {"status": "fail", "error": f"predicted {p.status}: {p.error}"}
-    return out
-
-
-def predicted_optimum(outcomes: Dict[str, dict]) -> tuple:
-    """(candidate key, outcome) of the highest predicted throughput among those that fit."""
-    fits = [(k, o) for k, o in outcomes.items() if o["status"] == "ok"]
-    if not fits:
-        raise TuneError("no candidate is predicted to fit", call="autotune.predicted_grid",
-                        hint="check the predictions file (every candidate sim-oom or fail?)")
-    return max(fits, key=lambda item: item[1]["throughput"])
+__all__ = ["keep_batches", "replay", "main"]
 
 
 def replay(space, outcomes: Dict[str, dict], budget: int, seeds: int, within: float

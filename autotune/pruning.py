@@ -34,37 +34,17 @@ import sys
 from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from slapo.autotune import CallablePredictor, Prediction, PredictionPolicy
+from slapo.autotune import CallablePredictor, PredictionPolicy
 from slapo.autotune.cli import format_values, load_space_file
 from slapo.autotune.study import key_of
 from slapo.errors import TuneError
 
-from autotune.seeds import SeedRun, grid_outcomes, replay_strategy
+from end2end.results.tuning import Predictions, SeedRun, grid_outcomes, load_predictions
 
-__all__ = ["load_predictions", "simulate_missing", "variants", "policy", "replay_all",
+from autotune.seeds import replay_strategy
+
+__all__ = ["simulate_missing", "variants", "policy", "replay_all",
            "quality", "summarize", "main"]
-
-Predictions = Dict[str, Prediction]
-
-
-def load_predictions(path: str) -> Predictions:
-    """Candidate key -> prediction, from a JSON-lines file (missing file: nothing)."""
-    out: Predictions = {}
-    try:
-        lines = open(path).read().splitlines()
-    except FileNotFoundError:
-        return out
-    for number, line in enumerate(lines, 1):
-        if line.strip():
-            try:
-                item = json.loads(line)
-                out[key_of(item["params"])] = Prediction.from_result(item["prediction"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise TuneError(f"{path}:{number}: not a prediction line ({exc})",
-                                hint='each line is {"params": {...}, "prediction": {...}}'
-                                ) from None
-    return out
-
 
 def simulate_missing(ns: dict, predictions: Predictions, path: str, log=print) -> int:
     """Predict every candidate of the space that ``predictions`` lacks with the space file's

@@ -17,53 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Sequence
+from dataclasses import asdict
+from typing import Dict, Optional, Sequence
 
 from slapo.autotune import tune
 from slapo.autotune.cli import load_space_file
-from slapo.autotune.study import key_of, load_records
-from slapo.errors import TuneError
+from slapo.autotune.study import key_of
 
-__all__ = ["SeedRun", "grid_outcomes", "replay_strategy", "summarize", "main"]
+from end2end.results.tuning import SeedRun, grid_outcomes, summarize
 
-
-@dataclass
-class SeedRun:
-    """One strategy run on the replayed grid: evaluations until within the margin of the
-    optimum (None: never within the budget), and the best found as a fraction of the optimum."""
-
-    strategy: str
-    seed: int
-    evaluations: int
-    to_within: Optional[int]
-    best_fraction: float
-    pruned: int = 0  # candidates a prediction pruned (not run; autotune.pruning)
-    oom: int = 0  # evaluations that ran out of memory
-
-
-def grid_outcomes(db: str, studies: Sequence[str]) -> Dict[str, dict]:
-    """Candidate key -> outcome dict (``status``, ``throughput``) over the grid ``studies``."""
-    seen: Dict[str, List] = {}
-    for study in studies:
-        for r in load_records(db, study):
-            if r.evaluated:
-                seen.setdefault(key_of(r.params), []).append(r)
-    if not seen:
-        raise TuneError(f"no evaluated candidates in {', '.join(studies)} of {db}",
-                        hint="measure the grid first: bash autotune/run.sh")
-    out = {}
-    for key, records in seen.items():
-        ok = [r.throughput for r in records if r.status == "ok"]
-        if any(r.status == "oom" for r in records):
-            out[key] = {"status": "oom", "error": "out of memory in the grid"}
-        elif ok:
-            out[key] = {"status": "ok", "throughput": statistics.median(ok)}
-        else:
-            out[key] = {"status": records[0].status, "error": records[0].error}
-    return out
+__all__ = ["replay_strategy", "add_replay_options", "main"]
 
 
 def replay_strategy(space, grid: Dict[str, dict], strategy: str, budget: int, seed: int,
@@ -89,22 +53,6 @@ def replay_strategy(space, grid: Dict[str, dict], strategy: str, budget: int, se
                 to_within = i
     return SeedRun(strategy, seed, len(done), to_within, best / optimum, len(result.pruned),
                    sum(r.status == "oom" for r in done))
-
-
-def summarize(runs: Sequence[SeedRun], within: float) -> str:
-    """A Markdown table: per strategy, runs that came within the margin, the median (range) of
-    the evaluations it took them, and the median (range) of the best found."""
-    lines = [f"| strategy | runs | within {within:.0%} of the optimum | evaluations until "
-             "within (median, range) | best found / optimum (median, range) |",
-             "|---|---:|---:|---:|---:|"]
-    for strategy in dict.fromkeys(r.strategy for r in runs):
-        mine = [r for r in runs if r.strategy == strategy]
-        hit = [r.to_within for r in mine if r.to_within is not None]
-        frac = [r.best_fraction for r in mine]
-        evals = (f"{statistics.median(hit):g} ({min(hit)}-{max(hit)})" if hit else "never")
-        lines.append(f"| {strategy} | {len(mine)} | {len(hit)} of {len(mine)} | {evals} | "
-                     f"{statistics.median(frac):.3f} ({min(frac):.3f}-{max(frac):.3f}) |")
-    return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:

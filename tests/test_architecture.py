@@ -35,6 +35,10 @@ SLAPO = Layered("slapo", "slapo-layers", "## The map: packages and their layers"
 END2END = Layered("end2end", "end2end-layers", "## The harness map: end2end/ and its layers",
                   copied=("slapo", "end2end"),
                   contracts=("slapo-layers", "slapo-no-harness", "end2end-layers"))
+# The harness under the study suites: end2end never imports them (checked on a copy with them).
+SUITES = Layered("end2end", "end2end-no-suites", "", copied=("slapo", "end2end", "ablation",
+                                                             "autotune", "usability"),
+                 contracts=("end2end-no-suites",))
 EACH_PACKAGE = pytest.mark.parametrize("layered", [SLAPO, END2END], ids=lambda p: p.package)
 
 
@@ -177,6 +181,9 @@ BROKEN_LAYERS = [  # (package, module, the import appended to it, what lint-impo
      "end2end.spec is not allowed to import end2end.results"),
     (END2END, "sweep/lock.py", "import end2end.bench",
      "end2end.sweep is not allowed to import end2end.bench"),
+    # A lazy import counts: the report once imported the suites inside its functions.
+    (SUITES, "report/paper.py", "def _late():\n    import autotune.seeds",
+     "end2end is not allowed to import autotune"),
 ]
 
 

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from slapo.autotune import Space
 
+from autotune.driver import candidate_arguments, cpu_command
+
 MODE, MODEL, GPUS, SEQ_LEN = "slapo-megatron", "cpu/bert", 2, 256
 MEM_BUDGET_GB = 1.3
 RESULTS = os.environ.get("AUTOTUNE_RESULTS", "results/autotune-bert.tsv")
@@ -25,11 +27,8 @@ space = Space("cpu-bert")
 space.int("batch_size", 4, 20, step=4)
 space.float("ckpt_ratio", 0.0, 1.0, step=0.25)
 
-command = [sys.executable, "-m", "autotune.driver", "--mode", MODE, "--model", MODEL,
-           "--gpus", str(GPUS), "--seq-len", str(SEQ_LEN), "--batch-size", "{batch_size}",
-           "--ckpt", "{ckpt_ratio}", "--results", RESULTS, "--steps", "2", "--warmup", "1",
-           "--device", "cpu", "--gemm-seconds", "0.1", "--mem-budget-gb", str(MEM_BUDGET_GB),
-           "--timeout", "240"]
+_RUN = candidate_arguments(MODE, MODEL, GPUS, SEQ_LEN)
+command = cpu_command(_RUN, RESULTS, MEM_BUDGET_GB)
 timeout = 300  # the tuner's limit; the driver stops the run (and writes its row) at 240 s
 
 # the simulator's prediction of a candidate (``--prune-predicted-oom``, ``--rank-by-prediction``;
@@ -41,8 +40,7 @@ memory_budget_gb = MEM_BUDGET_GB
 COMMITTED_PROFILE = Path(__file__).resolve().parents[2] / "docs" / "results" / "cpu_profile.json"
 CPU_PROFILE = os.environ.get("AUTOTUNE_CPU_PROFILE") or (
     str(COMMITTED_PROFILE) if COMMITTED_PROFILE.is_file() else "")
-predict = [sys.executable, "-m", "end2end.simulate.one", "--mode", MODE, "--model", MODEL,
-           "--gpus", str(GPUS), "--seq-len", str(SEQ_LEN), "--batch-size", "{batch_size}",
-           "--ckpt", "{ckpt_ratio}", "--device", "cpu", "--mem-budget-gb", str(MEM_BUDGET_GB),
-           "--timeout", "240"] + (["--calibration", CPU_PROFILE] if CPU_PROFILE else [])
+predict = [sys.executable, "-m", "end2end.simulate.one", *_RUN, "--device", "cpu",
+           "--mem-budget-gb", str(MEM_BUDGET_GB), "--timeout", "240"] + (
+               ["--calibration", CPU_PROFILE] if CPU_PROFILE else [])
 predict_timeout = 300

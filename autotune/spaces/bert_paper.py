@@ -31,6 +31,8 @@ from end2end.simulate.profiles import GB, get_profile
 
 from slapo.autotune import Space
 
+from autotune.driver import candidate_arguments
+
 MODE, MODEL, GPUS, SEQ_LEN, DTYPE = "slapo-megatron", "bert-xlarge", 8, 512, "fp16"
 DEVICE = "v100-32gb"
 RESULTS = os.environ.get("AUTOTUNE_RESULTS", "results/autotune-bert-paper.tsv")
@@ -39,8 +41,7 @@ space = Space("paper-bert-1b")
 space.int("batch_size", 8, 28, step=2)
 space.choice("ckpt_ratio", [0, 0.25, 0.34, 0.5, 0.67, 0.84, 0.92, 1.0])
 
-_RUN = ["--mode", MODE, "--model", MODEL, "--gpus", str(GPUS), "--seq-len", str(SEQ_LEN),
-        "--batch-size", "{batch_size}", "--ckpt", "{ckpt_ratio}", "--dtype", DTYPE]
+_RUN = candidate_arguments(MODE, MODEL, GPUS, SEQ_LEN, dtype=DTYPE)
 command = [sys.executable, "-m", "autotune.driver", *_RUN, "--results", RESULTS,
            "--steps", "40", "--warmup", "5", "--timeout", "1800"]
 timeout = 2000  # the tuner's limit; the driver stops the run (and writes its row) at 1800 s

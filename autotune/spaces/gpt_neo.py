@@ -12,9 +12,10 @@ checkpointing out. ``AUTOTUNE_RESULTS`` overrides the results file.
 """
 
 import os
-import sys
 
 from slapo.autotune import Space
+
+from autotune.driver import candidate_arguments, cpu_command
 
 MODE, MODEL, GPUS, SEQ_LEN = "slapo-megatron", "cpu/gpt-neo", 2, 512
 MEM_BUDGET_GB = 0.9
@@ -24,9 +25,6 @@ space = Space("cpu-gpt-neo")
 space.int("batch_size", 2, 10, step=2)
 space.float("ckpt_ratio", 0.0, 1.0, step=0.25)
 
-command = [sys.executable, "-m", "autotune.driver", "--mode", MODE, "--model", MODEL,
-           "--gpus", str(GPUS), "--seq-len", str(SEQ_LEN), "--batch-size", "{batch_size}",
-           "--ckpt", "{ckpt_ratio}", "--results", RESULTS, "--steps", "2", "--warmup", "1",
-           "--device", "cpu", "--gemm-seconds", "0.1", "--mem-budget-gb", str(MEM_BUDGET_GB),
-           "--timeout", "240"]
+_RUN = candidate_arguments(MODE, MODEL, GPUS, SEQ_LEN)
+command = cpu_command(_RUN, RESULTS, MEM_BUDGET_GB)
 timeout = 300  # the tuner's limit; the driver stops the run (and writes its row) at 240 s

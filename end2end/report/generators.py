@@ -18,34 +18,25 @@
                            ``.cmd``: one command per line, committed beside it)
 =========================  ===============================================================
 
-``FILE`` is relative to the repository root. Add a kind with ``@generator("name")``.
+``FILE`` is relative to the repository root. Add a kind with ``@generator("name")``
+(:mod:`end2end.report.registry`) in a module that this one imports.
 """
 
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Dict, Sequence
 
 from slapo.errors import SlapoError
 
-from end2end.results.store import ResultRow, read_results
+from end2end.results.store import read_results
 
+from . import paper, predicted, proof_table, studies  # noqa: F401  (register their kinds)
 from .blocks import Block, ReportError
+from .registry import GENERATORS, generator, result_rows, results_path
 
-__all__ = ["GENERATORS", "generator", "render"]
-
-GENERATORS: Dict[str, Callable[[Path, Sequence[str]], str]] = {}
-
-
-def generator(name: str):
-    """Register ``fn(root, args) -> markdown`` as the block kind ``name``."""
-
-    def deco(fn):
-        GENERATORS[name] = fn
-        return fn
-
-    return deco
+__all__ = ["render"]
 
 
 def render(root: Path, block: Block) -> str:
@@ -62,25 +53,6 @@ def render(root: Path, block: Block) -> str:
         return GENERATORS[block.name](root, block.args)
     except SlapoError as exc:  # the results store's and summary's errors too
         raise ReportError(f"{block.where}: {exc.what}", hint=exc.hint) from None
-
-
-def _results_path(root: Path, args: Sequence[str], kind: str) -> Path:
-    files = [a for a in args if not a.startswith("--")]
-    if len(files) != 1:
-        raise ReportError(f"'{kind}' needs exactly one results file, got {list(args)}",
-                          hint=f"e.g. <!-- report: {kind} docs/results/cpu.tsv -->")
-    path = root / files[0]
-    if not path.is_file():
-        raise ReportError(f"results file {files[0]} does not exist",
-                          hint="commit it under docs/results/, or fix the path")
-    return path
-
-
-def _rows(path: Path) -> List[ResultRow]:
-    res = read_results(path, strict=True)
-    if not res.rows:
-        raise ReportError(f"results file {path.name} has no rows", hint="re-run its command")
-    return res.rows
 
 
 @generator("modes")
@@ -103,7 +75,7 @@ def _results(root: Path, args: Sequence[str]) -> str:
     if unknown:
         raise ReportError(f"unknown option(s) {unknown} of 'results'", hint="only --peers")
     peers = "--peers" in args
-    rows = _rows(_results_path(root, args, "results"))
+    rows = result_rows(results_path(root, args, "results"))
     if peers:
         rows = [r for r in rows if r.impl in PEER_GROUPS[0]]
     table = figure7_table(rows)
@@ -126,7 +98,7 @@ def _best(root: Path, args: Sequence[str]) -> str:
     from end2end.results.summary import (BASELINES, figure7_table, is_slapo_system, label_of,
                                          ratio_text, speedups)
 
-    rows = _rows(_results_path(root, args, "best"))
+    rows = result_rows(results_path(root, args, "best"))
     table = figure7_table(rows, best=True)
     lines = ["| Model (seq), n | best Slapo | best baseline | best / best |",
              "|---|---|---|---:|"]
@@ -151,7 +123,7 @@ def _best(root: Path, args: Sequence[str]) -> str:
 def _tsv(root: Path, args: Sequence[str]) -> str:
     """A plain TSV with a header line as a Markdown table (``|`` escaped), preceded by the count
     of each value of its ``status`` column when it has one."""
-    path = _results_path(root, args, "tsv")
+    path = results_path(root, args, "tsv")
     lines = [line.split("\t") for line in path.read_text().splitlines() if line.strip()]
     if len(lines) < 2:
         raise ReportError(f"{path.name} has no header line and rows",
@@ -176,7 +148,7 @@ def _tsv(root: Path, args: Sequence[str]) -> str:
 def _provenance(root: Path, args: Sequence[str]) -> str:
     from end2end.results.summary import is_predicted
 
-    path = _results_path(root, args, "provenance")
+    path = results_path(root, args, "provenance")
     res = read_results(path, strict=True)
     command_file = path.with_suffix(".cmd")
     if not command_file.is_file():
@@ -204,7 +176,3 @@ def _provenance(root: Path, args: Sequence[str]) -> str:
 def _link(path: Path, root: Path) -> str:
     return "/" + str(path.relative_to(root))
 
-
-from . import paper, studies  # noqa: E402,F401  (register their kinds)
-from . import proof_table  # noqa: E402,F401  (registers the kind proof)
-from . import predicted  # noqa: E402,F401  (registers ablation-predicted, grid-predicted)

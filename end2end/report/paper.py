@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from .blocks import ReportError
-from .generators import _rows, generator
+from .registry import generator, result_rows
 
 __all__ = ["PAPER"]
 
@@ -60,7 +60,7 @@ def _best_ratios(path: Optional[Path]) -> List:
 
     if path is None:
         return []
-    table = figure7_table(_rows(path), best=True)
+    table = figure7_table(result_rows(path), best=True)
     return [(s.ratio, s.panel, s.n) for s in speedups(table) if s.system == "best-slapo"]
 
 
@@ -105,7 +105,7 @@ def _tp_text(path: Optional[Path]) -> str:
 
     if path is None:
         return "not given"
-    items = [s for s in speedups(figure7_table(_rows(path))) if _megatron_pair(s)]
+    items = [s for s in speedups(figure7_table(result_rows(path))) if _megatron_pair(s)]
     if not items:
         return "no Slapo-TP / Megatron-LM pair"
     values = sorted(s.ratio.value for s in items)
@@ -126,7 +126,7 @@ def _grid_studies(db: Path) -> List[str]:
 def _grid_text(db: Optional[Path]) -> str:
     import json
 
-    from autotune.seeds import grid_outcomes
+    from end2end.results.tuning import grid_outcomes
 
     if db is None:
         return "not given"
@@ -145,7 +145,7 @@ def _predicted(path: Optional[Path], text) -> str:
 
     if path is None:
         return "not yet simulated"
-    if not is_predicted(_rows(path)):
+    if not is_predicted(result_rows(path)):
         raise ReportError(f"'paper': {path.name} holds measured rows where predictions are "
                           "expected", hint="give the simulator's rows (python -m "
                           "end2end.simulate CONFIG --device v100-32gb --results FILE)")
@@ -156,8 +156,8 @@ def _tune_v100_text(path: Path) -> str:
     """The predicted optimum of a paper-scale grid's predictions and how many are OOM."""
     import json
 
-    from autotune.predicted_grid import predicted_optimum, predicted_outcomes
-    from autotune.pruning import load_predictions
+    from end2end.results.tuning import (load_predictions, predicted_optimum,
+                                        predicted_outcomes)
 
     outcomes = predicted_outcomes(load_predictions(str(path)))
     if not outcomes:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from .blocks import ReportError
-from .generators import _results_path, _rows, generator
+from .registry import generator, result_rows, results_path
 
 __all__ = ["PAPER_FIGURE10", "simulated_steps"]
 
@@ -50,10 +50,10 @@ PAPER_FIGURE10 = {
 # -- Figure 9 ------------------------------------------------------------------------------------
 def simulated_steps(path: Path) -> List[Tuple]:
     """(step, row) per row of a simulated ablation file, in step order."""
-    from ablation.steps import AblationError, step_of
+    from end2end.results.ablation import AblationError, step_of
     from end2end.results.summary import is_predicted
 
-    rows = _rows(path)
+    rows = result_rows(path)
     if not is_predicted(rows):
         raise ReportError(f"'ablation-predicted': {path.name} holds measured rows",
                           hint="give the simulator's rows, or use <!-- report: ablation FILE -->")
@@ -83,7 +83,7 @@ def _step_line(step, row, vanilla) -> str:
 
 @generator("ablation-predicted")
 def _ablation_predicted(root: Path, args: Sequence[str]) -> str:
-    path = _results_path(root, args, "ablation-predicted")
+    path = results_path(root, args, "ablation-predicted")
     steps = simulated_steps(path)
     vanilla = next((r.thrpt for s, r in steps if s.index == 0 and r.status == "sim"), None)
     head = steps[0][1]
@@ -104,8 +104,7 @@ def _ablation_predicted(root: Path, args: Sequence[str]) -> str:
 # -- Figure 10 -----------------------------------------------------------------------------------
 def _grid_cells(path: Path) -> Tuple[List[str], Dict[Tuple, dict], Dict[Tuple, float]]:
     """Symbol names, (batch, ratio) -> predicted outcome, (batch, ratio) -> predicted GB."""
-    from autotune.predicted_grid import predicted_outcomes
-    from autotune.pruning import load_predictions
+    from end2end.results.tuning import load_predictions, predicted_outcomes
 
     from slapo.errors import TuneError
 
@@ -179,9 +178,9 @@ def _comparison(cells: Dict[Tuple, dict], memory: Dict[Tuple, float], best_point
 
 
 def _seeds_text(root: Path, path: str) -> str:
-    from autotune.seeds import SeedRun, summarize
+    from end2end.results.tuning import SeedRun, summarize
 
-    file = _results_path(root, [path], "grid-predicted --seeds")
+    file = results_path(root, [path], "grid-predicted --seeds")
     try:
         runs = [SeedRun(**json.loads(line)) for line in file.read_text().splitlines()
                 if line.strip()]
@@ -203,7 +202,7 @@ def _grid_predicted(root: Path, args: Sequence[str]) -> str:
     if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--seeds"):
         raise ReportError(f"'grid-predicted' takes FILE [--seeds FILE], got {list(args)}",
                           hint="<!-- report: grid-predicted docs/results/x.predictions.jsonl -->")
-    path = _results_path(root, args[:1], "grid-predicted")
+    path = results_path(root, args[:1], "grid-predicted")
     names, cells, memory = _grid_cells(path)
     fits = {p: o for p, o in cells.items() if o["status"] == "ok"}
     if not fits:

@@ -19,7 +19,7 @@ from typing import Sequence
 from end2end.results.store import read_results
 
 from .blocks import ReportError
-from .generators import generator
+from .registry import generator
 
 __all__ = ["proof_block", "file_provenance"]
 

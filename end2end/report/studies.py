@@ -3,7 +3,7 @@
 =============================  ===========================================================
 ``ablation FILE``              the ablation's steps from its results file: samples/s per step
                                (median, min-max, rounds), per rank, and the speedup over
-                               vanilla HF (:func:`ablation.plot.format_table`)
+                               vanilla HF (:func:`end2end.results.ablation.format_table`)
 ``grid DB [STUDY ...]``        an auto-tuning grid from its study database: samples/s per
                                (first symbol x second symbol), the median over the grid
                                studies named (default ``grid``), ``oom``/``fail`` where a
@@ -11,7 +11,7 @@
 ``seeds FILE``                 the strategies replayed over seeds (``python -m autotune.seeds
                                --json FILE``): per strategy, how many runs came within the
                                margin of the optimum, after how many evaluations, and the best
-                               found (:func:`autotune.seeds.summarize`)
+                               found (:func:`end2end.results.tuning.summarize`)
 ``include FILE.md``            a Markdown file a command generated, verbatim, with the command
                                from ``FILE.cmd`` (e.g. ``python -m autotune.pruning``'s report)
 =============================  ===========================================================
@@ -24,16 +24,16 @@ from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
 from .blocks import ReportError
-from .generators import _results_path, _rows, generator
+from .registry import generator, result_rows, results_path
 
 __all__: List[str] = []
 
 
 @generator("ablation")
 def _ablation(root: Path, args: Sequence[str]) -> str:
-    from ablation.plot import format_table, summarise
+    from end2end.results.ablation import format_table, summarise
 
-    rows = _rows(_results_path(root, args, "ablation"))
+    rows = result_rows(results_path(root, args, "ablation"))
     return (format_table(summarise(rows)) + "\n\nSamples/s of the whole job, median (min-max) "
             "over the interleaved rounds; `vs vanilla` is the ratio of the medians.")
 
@@ -58,7 +58,7 @@ def _cell(outcome: dict, best: float) -> str:
 
 @generator("grid")
 def _grid(root: Path, args: Sequence[str]) -> str:
-    from autotune.seeds import grid_outcomes
+    from end2end.results.tuning import grid_outcomes
 
     path, studies = _grid_args(root, args)
     outcomes = {tuple(json.loads(k).items()): v for k, v in
@@ -84,9 +84,9 @@ def _grid(root: Path, args: Sequence[str]) -> str:
 
 @generator("seeds")
 def _seeds(root: Path, args: Sequence[str]) -> str:
-    from autotune.seeds import SeedRun, summarize
+    from end2end.results.tuning import SeedRun, summarize
 
-    path = _results_path(root, [a for a in args if not a.startswith("--within=")], "seeds")
+    path = results_path(root, [a for a in args if not a.startswith("--within=")], "seeds")
     within = next((float(a.split("=", 1)[1]) for a in args if a.startswith("--within=")), 0.05)
     try:
         runs = [SeedRun(**json.loads(line)) for line in path.read_text().splitlines()
@@ -107,7 +107,7 @@ def _seeds(root: Path, args: Sequence[str]) -> str:
 def _include(root: Path, args: Sequence[str]) -> str:
     """A committed Markdown file that a command generated (e.g. ``python -m autotune.pruning
     ... > FILE.md``), verbatim, and the command from ``FILE.cmd`` beside it."""
-    path = _results_path(root, args, "include")
+    path = results_path(root, args, "include")
     command_file = path.with_suffix(".cmd")
     if path.suffix != ".md" or not command_file.is_file():
         raise ReportError(f"'include' takes a generated .md file with its .cmd beside it, got "

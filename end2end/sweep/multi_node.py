@@ -43,13 +43,13 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from slapo.errors import ConfigError
 
-from end2end.cli import (HelpFormatter, add_logging_arguments, configure_logging, get_logger,
-                         number)
+from end2end.cli import HelpFormatter, configure_logging, get_logger, number
 from end2end.results.environment import env_dump
 from end2end.results.store import mark, rollback
 from end2end.spec.config_file import RunSpec, interleave, load_runs
 from end2end.sweep.commands import (deepspeed_command, hostfile_text, shell_join,
                                     torchrun_node_command)
+from end2end.sweep.options import add_sweep_options
 from end2end.sweep.lock import SweepLock
 from end2end.sweep.outcome import (check_timeout, last_line, log_path, not_ok, pending, rows_for,
                                    run_interruptible, settle_row, signal_name)
@@ -215,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                "interrupted (Ctrl-C or SIGTERM: every node command is stopped, nothing of the "
                "run is kept, and the same command resumes).")
     p.add_argument("--config", default=str(DEFAULT_CONFIG), help="config file")
+    add_sweep_options(p, "results/fig8.tsv", "shared with the first host; logs in FILE.logs/, "
+                      "one per node, and the lock FILE.lock go next to it")
     p.add_argument("--hosts", help="comma-separated host names (first = master); "
                                    "localhost/127.0.0.1 run here without ssh")
     p.add_argument("--hostfile", help="DeepSpeed-style hostfile ('host slots=N' lines)")
@@ -228,9 +230,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "left out); --hosts/--hostfile are not needed")
     p.add_argument("--partition", help="slurm: the partition to submit to (default: the "
                                        "cluster's default partition)")
-    p.add_argument("--results", default="results/fig8.tsv",
-                   help="results TSV to append to (shared with the first host; logs in "
-                        "FILE.logs/, one per node, and the lock FILE.lock go next to it)")
     p.add_argument("--port", type=number(int, minimum=1), default=29500,
                    help="rendezvous port on the first host")
     p.add_argument("--workdir", default=str(Path.cwd()), help="repository root on nodes")
@@ -241,24 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the driver's device (cpu: gloo ranks, e.g. local test nodes)")
     p.add_argument("--only-n", type=int, nargs="*",
                    help="only these GPU counts (default: every count the hosts can hold)")
-    p.add_argument("--timeout", type=number(float, above=0), default=1800.0,
-                   help="seconds per run for the whole job, start-up and rendezvous included; "
-                        "on expiry every node command is stopped and the run gets a timeout row")
     p.add_argument("--join-timeout", type=number(int, minimum=1), default=600,
                    help="torchrun: seconds the agents wait for every node to join the "
                         "rendezvous; then the run fails with a row saying so")
-    p.add_argument("--repeat", type=number(int, minimum=1), default=1,
-                   help="interleaved rounds: every run once, then every run again ...; each row "
-                        "records its round (column Repeat)")
-    p.add_argument("--retry-failed", action="store_true",
-                   help="re-run runs whose row is fail or timeout")
-    p.add_argument("--wait", action="store_true",
-                   help="if another sweep uses the results file, wait for it instead of "
-                        "refusing")
-    p.add_argument("--dry-run", action="store_true", help="print the commands only")
-    p.add_argument("--debug", action="store_true",
-                   help="show the full traceback of a config/hostfile error")
-    add_logging_arguments(p)
     return p
 
 

@@ -26,13 +26,13 @@ from typing import Optional, Sequence
 
 from slapo.errors import ConfigError
 
-from end2end.cli import (HelpFormatter, add_logging_arguments, configure_logging, get_logger,
-                         number)
+from end2end.cli import HelpFormatter, configure_logging, get_logger, number
 from end2end.spec.config_file import RunSpec, interleave, load_runs
 from end2end.sweep.commands import shell_join, single_node_command
 from end2end.sweep.procs import run_logged, signal_death
 from end2end.sweep.progress import Progress, format_duration
 from end2end.results.store import ResultRow, append_result, env_columns, mark, rollback
+from end2end.sweep.options import add_sweep_options
 from end2end.sweep.lock import SweepLock
 from end2end.sweep.outcome import (check_timeout, last_line, log_path, not_ok, pending, rows_for,
                                    run_interruptible, settle_row, signal_name)
@@ -163,40 +163,23 @@ def build_parser() -> argparse.ArgumentParser:
                "kept, and the same command resumes).")
     p.add_argument("config", help="config file (end2end/configs/*.cfg; grammar in "
                                   "end2end/README.md)")
-    p.add_argument("--results", default="results/results.tsv",
-                   help="results TSV to append to (its JSON twin .jsonl, logs in FILE.logs/ and "
-                        "the sweep's lock FILE.lock go next to it)")
+    add_sweep_options(p, "results/results.tsv", "its JSON twin .jsonl, logs in FILE.logs/ and "
+                      "the sweep's lock FILE.lock go next to it")
     p.add_argument("--max-devices", type=number(int, minimum=1), default=None,
                    help="GPUs/ranks available (pow2 expansion; runs that need more get a "
                         "skipped row); default: all CUDA devices, or the CPU cores")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="device the driver trains on")
-    p.add_argument("--retry-failed", action="store_true",
-                   help="re-run runs whose row is fail or timeout (skipped runs re-run by "
-                        "themselves once enough devices are available)")
-    p.add_argument("--timeout", type=number(float, above=0), default=1800.0,
-                   help="seconds per run, start-up included (a finite number > 0)")
     p.add_argument("--error-stop", action="store_true", help="stop at the first fail row")
-    p.add_argument("--repeat", type=number(int, minimum=1), default=1,
-                   help="interleaved rounds: every run once, then every run again ...; each row "
-                   "records its round (column Repeat), resume continues within a round")
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="each run profiles one extra step after its timed ones (end2end.bench "
                    "--profile DIR; compare with python -m end2end.profiling)")
-    p.add_argument("--wait", action="store_true",
-                   help="if another sweep uses the results file, wait for it instead of "
-                        "refusing")
-    p.add_argument("--dry-run", action="store_true",
-                   help="print the commands of the pending runs and exit")
     p.add_argument("--estimate", action="store_true",
                    help="print a FLOP-based runtime estimate of every run and exit")
     p.add_argument("--gflops", type=number(float, above=0), default=150.0,
                    help="GEMM rate (GFLOP/s) assumed by --estimate")
     p.add_argument("--efficiency", type=number(float, above=0), default=0.5,
                    help="fraction of --gflops a training step reaches, for --estimate")
-    p.add_argument("--debug", action="store_true",
-                   help="show the full traceback of a config/usage error")
-    add_logging_arguments(p)
     return p
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ablation.plot import format_table, main as plot_main, summarise
-from ablation.steps import STEPS, AblationError, step_of
+from ablation.plot import main as plot_main
+from end2end.results.ablation import STEPS, AblationError, format_table, step_of, summarise
 from end2end.spec.config_file import load_runs, make_run_spec
 from end2end.results.store import ResultRow, append_result, read_results
 from end2end.sweep.single_node import run_sweep

@@ -8,7 +8,8 @@ import textwrap
 
 import pytest
 
-from autotune.predicted_grid import keep_batches, main, predicted_optimum, predicted_outcomes
+from autotune.predicted_grid import keep_batches, main
+from end2end.results.tuning import predicted_optimum, predicted_outcomes
 from slapo.autotune import Prediction
 from slapo.autotune.cli import load_space_file
 from slapo.errors import TuneError

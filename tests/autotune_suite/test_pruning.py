@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from autotune.pruning import load_predictions, main
+from autotune.pruning import main
+from end2end.results.tuning import load_predictions
 from slapo.autotune import tune
 from slapo.autotune.cli import load_space_file
 from slapo.autotune.study import key_of

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from autotune.seeds import grid_outcomes, main, replay_strategy
+from autotune.seeds import main, replay_strategy
+from end2end.results.tuning import grid_outcomes
 from slapo.autotune import tune
 from slapo.autotune.cli import load_space_file
 
