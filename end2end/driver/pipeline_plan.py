@@ -25,22 +25,10 @@ from typing import Any, Dict, List, Sequence, Union
 
 from slapo.errors import ConfigError
 
-from end2end.spec.modes import get_mode
+from end2end.spec.layout import check_pipeline_mode, default_micro_batch  # re-exported
 
 __all__ = ["check_pipeline_mode", "even_cuts", "stage_cuts", "layer_stacks",
            "pipeline_knobs", "default_micro_batch", "deepspeed_pipeline_config"]
-
-def check_pipeline_mode(mode: str, pp: int) -> None:
-    """Raise :class:`ConfigError` (naming what to use instead) when ``mode`` cannot run ``pp``
-    pipeline stages (:attr:`end2end.spec.modes.Mode.pipeline_target`); a no-op for
-    ``pp == 1``."""
-    info = get_mode(mode)
-    if pp <= 1 or info.pipeline_enabled:
-        return
-    why, hint = info.pipeline_refusal
-    raise ConfigError(f"--pp {pp}: pipeline parallelism is not available in mode {mode!r}: "
-                      f"{why}", call="end2end.bench", hint=hint)
-
 
 def even_cuts(num_layers: int, stages: int) -> List[int]:
     """Indices of the layers that end stages ``0 .. stages-2`` when ``num_layers`` layers are
@@ -102,14 +90,6 @@ def pipeline_knobs(model_spec: Any, stages: int, example_inputs: Dict[str, Any]
     """The model-schedule knobs that cut ``model_spec`` into ``stages`` even stages."""
     return dict(pipeline_cuts=stage_cuts(layer_stacks(model_spec), stages),
                 example_inputs=example_inputs)
-
-
-def default_micro_batch(local_batch: int, pp: int) -> int:
-    """Micro-batch size when none is given: ``local_batch / pp`` if it divides, else the whole
-    batch (for ``pp == 1``: the whole batch, no gradient accumulation)."""
-    if pp > 1 and local_batch % pp == 0:
-        return local_batch // pp
-    return local_batch
 
 
 def deepspeed_pipeline_config(micro_batch: int, microbatches: int) -> Dict[str, Any]:

@@ -43,6 +43,7 @@ from end2end.spec.expr import check_expression, evaluate_batch_size
 from end2end.spec.knobs import check_run_knobs, format_knobs, parse_knobs
 from end2end.models import get_model_spec
 from end2end.spec.modes import RETIRED_MODES, get_mode
+from end2end.spec.runspec import DTYPES as _DTYPE_NAMES
 from end2end.spec.runspec import (MODES, SLAPO_MODES, ConfigLine, RunSpec, default_parallel_sizes,
                       format_ratio, run_key)
 
@@ -55,7 +56,7 @@ __all__ = [
 
 FIELDS = "MODE MODEL GPUS SEQ_LEN DEC_SEQ_LEN BATCH_SIZE CKPT"
 OPTION_KEYS = ("steps", "warmup", "dtype", "tp", "pp", "micro_batch", "knobs")
-DTYPES = ("fp32", "fp16", "bf16")
+DTYPES = tuple(_DTYPE_NAMES)  # fp32 fp16 bf16
 
 
 class ConfigLineError(ConfigError):

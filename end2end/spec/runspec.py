@@ -8,13 +8,18 @@ Parsing lives in :mod:`end2end.spec.config_file`.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple, Union
 
 from end2end.spec.modes import MODES, SLAPO_MODES, Mode, get_mode
 
 __all__ = ["MODES", "SLAPO_MODES", "ConfigLine", "RunSpec", "format_ratio", "run_key",
-           "default_parallel_sizes"]
+           "default_parallel_sizes", "DTYPES"]
+
+#: The run dtypes of configs and the command line, and their torch names (the one table).
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def format_ratio(ratio: float) -> str:
@@ -137,6 +142,42 @@ class RunSpec:
         if self.knobs:
             text += f" [{self.knobs}]"
         return text + (f" (repeat {self.repeat})" if self.repeat else "")
+
+    @property
+    def torch_dtype_name(self) -> str:
+        """The torch name of the run's dtype (``float32`` when unset): :data:`DTYPES`."""
+        return DTYPES[self.dtype or "fp32"]
+
+    @property
+    def torch_dtype(self) -> Any:
+        """The run's ``torch.dtype`` (``torch.float32`` when unset)."""
+        import torch
+
+        return getattr(torch, self.torch_dtype_name)
+
+    @property
+    def low_precision_dtype(self) -> Any:
+        """The ``torch.dtype`` of a fp16/bf16 run, ``None`` for fp32 (what the runtimes take:
+        ``make_runner(dtype=...)``, the inputs' dtype)."""
+        return None if (self.dtype or "fp32") == "fp32" else self.torch_dtype
+
+    def to_json(self) -> str:
+        """The spec as JSON (every field; :meth:`from_json` reads it back equal)."""
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> "RunSpec":
+        """The RunSpec of :meth:`to_json`; ``ValueError`` naming unknown or missing fields."""
+        data = json.loads(text)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"RunSpec.from_json: unknown field(s) {unknown}; expected the "
+                             "fields of RunSpec.to_json()")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"RunSpec.from_json: {exc}") from None
 
     def cli_args(self) -> List[str]:
         """Arguments of ``python -m end2end.bench`` for this run (without ``--results``)."""
