@@ -52,13 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _spec(args: argparse.Namespace, mode: str, knobs: Sequence[str], world_size: int):
-    from end2end.driver.bench import DEFAULTS, _knob_text
+    from end2end.driver.bench import DEFAULTS, knob_text
     from end2end.spec.config_file import make_run_spec
 
     spec = make_run_spec(mode, args.model, world_size, args.seq_len, args.dec_seq_len,
                          args.batch_size, "0", steps=args.steps, warmup=args.warmup,
                          dtype=DEFAULTS["dtype"])
-    return replace(spec, knobs=_knob_text(knobs))
+    return replace(spec, knobs=knob_text(knobs))
 
 
 def _label(spec) -> str:
@@ -67,28 +67,22 @@ def _label(spec) -> str:
 
 def run(args: argparse.Namespace) -> Optional[str]:
     """Build both systems, alternate their steps; returns rank 0's report (None elsewhere)."""
-    import torch
-
     from slapo.runtime.distributed import init_distributed
 
-    from end2end.driver.bench import _import_runtime, _layout, _make_runner
+    from end2end.driver.assemble import build_runner, import_runtime, rank_batch
     from end2end.driver.measure import StepTimer
-    from end2end.models import get_model_spec, make_inputs
     from end2end.results.stats import Samples
+    from end2end.spec.layout import run_layout
 
     env = init_distributed()
     specs = [_spec(args, m, k, env.world_size) for m, k in
              ((args.mode_a, args.knob_a), (args.mode_b, args.knob_b))]
     runners, batches = [], []
     for spec in specs:
-        _import_runtime(spec.mode)
-        layout = _layout(spec)
-        runners.append(_make_runner(spec, layout, None, env.device))
-        replica = (env.rank // layout["tp"]) % layout["dp"]
-        gen = torch.Generator().manual_seed(1000 + replica)
-        batches.append(make_inputs(get_model_spec(spec.model), layout["local_batch"],
-                                   spec.seq_len, spec.dec_seq_len, generator=gen,
-                                   device=env.device))
+        import_runtime(spec.mode)
+        layout = run_layout(spec)
+        runners.append(build_runner(spec, layout, None, env.device))
+        batches.append(rank_batch(spec, layout, env.rank, env.device, None))
     for runner, batch in zip(runners, batches):
         for _ in range(args.warmup):
             runner.train_step(batch)

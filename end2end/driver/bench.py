@@ -68,11 +68,9 @@ import traceback
 from dataclasses import replace
 from typing import Any, Dict, Optional, Sequence
 
-__all__ = ["run_bench", "spec_from_args", "parse_args", "main", "DEFAULTS", "run_layout",
-           "build_runner", "rank_batch"]
+__all__ = ["run_bench", "spec_from_args", "parse_args", "main", "DEFAULTS", "knob_text"]
 
 DEFAULTS = dict(steps=40, warmup=5, dtype="fp32")
-_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 _RUN_COUNTER = itertools.count()  # distinguishes several runs in one process (tests)
 
 
@@ -80,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The driver's command line (every option documented; numbers checked here)."""
     from end2end.cli import HelpFormatter, add_workload_arguments, number
     from end2end.spec.modes import MODE_TABLE
+    from end2end.spec.runspec import DTYPES
 
     p = argparse.ArgumentParser(
         prog="python -m end2end.bench", formatter_class=HelpFormatter,
@@ -98,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"timed training steps, >= 1 (default: {DEFAULTS['steps']})")
     p.add_argument("--warmup", type=number(int, minimum=0), default=None,
                    help=f"untimed steps before them, >= 0 (default: {DEFAULTS['warmup']})")
-    p.add_argument("--dtype", choices=tuple(_DTYPES), default=None,
+    p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                    help=f"parameter/activation dtype (default: {DEFAULTS['dtype']})")
     p.add_argument("--tp", type=number(int, minimum=1), default=None,
                    help="tensor-parallel size (default: the mode's layout, see README)")
@@ -147,11 +146,11 @@ def spec_from_args(args: argparse.Namespace, world_size: int):
                          args.batch_size, args.ckpt, steps=args.steps, warmup=args.warmup,
                          dtype=args.dtype, tp=args.tp, pp=args.pp,
                          micro_batch=args.micro_batch_size, repeat=args.repeat)
-    spec = replace(spec, knobs=_knob_text(args.knob))  # checked in the run: a bad knob is a row
+    spec = replace(spec, knobs=knob_text(args.knob))  # checked in the run: a bad knob is a row
     return replace(spec, **{k: v for k, v in DEFAULTS.items() if getattr(spec, k) is None})
 
 
-def _knob_text(items: Sequence[str]) -> str:
+def knob_text(items: Sequence[str]) -> str:
     """The canonical knob text, or (when the knobs do not even parse) the items as typed, so
     that the failed run still has a key and a row."""
     from slapo.errors import ConfigError
@@ -162,85 +161,6 @@ def _knob_text(items: Sequence[str]) -> str:
         return format_knobs(items)
     except ConfigError:
         return ",".join(sorted(items))
-
-
-def _import_runtime(mode: str) -> None:
-    """Import the mode's framework before the memory baseline (its code is not model memory)."""
-    from end2end.spec.modes import get_mode
-
-    framework = get_mode(mode).framework
-    if framework == "deepspeed":
-        from slapo.dialects.compat.deepspeed_startup import import_deepspeed
-
-        import_deepspeed()
-    elif framework == "megatron":
-        import megatron.core  # noqa: F401
-
-
-def run_layout(spec) -> Dict[str, int]:
-    """TP/PP/DP, this rank's batch and the number of micro-batches (``tp pp dp local_batch
-    micro_batch microbatches``); ``ConfigError`` if the run is unsupported (the simulator,
-    :mod:`end2end.simulate`, checks a line with the same call)."""
-    from slapo.errors import ConfigError
-
-    from end2end.driver.pipeline_plan import check_pipeline_mode, default_micro_batch
-
-    tp, pp, dp = spec.parallel_sizes
-    check_pipeline_mode(spec.mode, pp)
-    spec.mode_info.check_tp(tp, pp, spec.n)
-    if spec.n % (tp * pp):
-        raise ConfigError(f"tp={tp} x pp={pp} does not divide the {spec.n} ranks",
-                          call="end2end.bench", hint="choose tp and pp dividing the world size")
-    if spec.batch_size % dp:
-        raise ConfigError(f"global batch {spec.batch_size} is not divisible by the "
-                          f"{dp} data-parallel ranks", call="end2end.bench",
-                          hint="choose a batch that is a multiple of the DP size")
-    local = spec.batch_size // dp
-    micro = spec.micro_batch or default_micro_batch(local, pp)
-    if local % micro:
-        raise ConfigError(f"the per-rank batch {local} is not a multiple of micro-batch {micro}",
-                          call="end2end.bench")
-    if micro != local and spec.framework != "megatron" and pp == 1:
-        raise ConfigError("micro-batches (gradient accumulation) are implemented for the "
-                          "megatron modes and pipelines (--pp > 1) only", call="end2end.bench",
-                          hint="drop --micro-batch-size")
-    return dict(tp=tp, pp=pp, dp=dp, local_batch=local, micro_batch=micro,
-                microbatches=local // micro)
-
-
-def build_runner(spec, layout: Dict[str, int], torch_dtype, device):
-    """The run's :class:`~end2end.driver.runtimes.Runner` on ``device``: the zoo model (or its
-    config for modes that build their own), the Slapo schedule and knobs (with the pipeline
-    cuts when ``layout["pp"]`` > 1), the mode's runtime (step 3 of the module docstring)."""
-    from end2end.spec.knobs import parse_knobs
-    from end2end.models import build_hf_config, build_model, get_model_spec, make_inputs
-    from end2end.driver.pipeline_plan import deepspeed_pipeline_config, pipeline_knobs
-    from end2end.driver.runtimes import ModelSchedule, make_runner
-
-    model_spec = get_model_spec(spec.model)
-    if spec.mode_info.builds_own_model:
-        target = build_hf_config(model_spec)
-    else:  # built where it trains: initialising a 1B model on the host takes long
-        target = build_model(model_spec, seed=0, device=device)
-    schedule = None
-    if spec.is_slapo:
-        knobs: Dict[str, Any] = dict(parse_knobs(spec.knobs), ckpt_ratio=spec.ckpt_ratio or 0.0)
-        if layout["pp"] > 1:  # even stages, traced with one micro-batch of the run's shapes
-            example = make_inputs(model_spec, layout["micro_batch"], spec.seq_len,
-                                  spec.dec_seq_len, device=device, dtype=torch_dtype)
-            knobs.update(pipeline_knobs(model_spec, layout["pp"], example))
-        schedule = ModelSchedule(model_spec.schedule, knobs)
-    ckpt = spec.ckpt if spec.mode_info.ckpt == "megatron" else spec.ckpt != "0"
-    if layout["pp"] > 1:
-        ds_config = deepspeed_pipeline_config(layout["micro_batch"], layout["microbatches"])
-    else:
-        ds_config = {"train_micro_batch_size_per_gpu": layout["local_batch"],
-                     "gradient_accumulation_steps": 1, "gradient_clipping": 0.0,
-                     "zero_optimization": {"stage": 3}}
-    return make_runner(spec.mode, target, schedule=schedule, ckpt=ckpt,
-                       deepspeed_config=ds_config, num_microbatches=layout["microbatches"],
-                       seed=0, dtype=torch_dtype, tensor_parallel=layout["tp"],
-                       pipeline_parallel=layout["pp"])
 
 
 def _claim_row(run_id: int) -> bool:
@@ -268,36 +188,43 @@ def _now() -> str:
     return _dt.datetime.now().astimezone().isoformat(timespec="seconds")
 
 
-def _measure(spec, layout: Dict[str, int], args: argparse.Namespace, extra: Dict[str, Any]):
+def _measure(spec, layout, args: argparse.Namespace, extra: Dict[str, Any]):
     """Build, warm up, time; returns the row's metric fields (collective over all ranks)."""
-    import torch
-
     from slapo.runtime.distributed import init_distributed
 
-    from end2end.driver.measure import PeakMemory, limit_cuda_memory
+    from end2end.driver.assemble import build_runner, rank_batch
 
     env = init_distributed()
-    torch_dtype = getattr(torch, _DTYPES[spec.dtype])
-    if env.device.type == "cpu" and args.keep_freed_memory:
-        import slapo
-
-        extra["keep_freed_memory"] = slapo.keep_freed_memory()
-    _import_runtime(spec.mode)
-    limit_cuda_memory(env.device, args.mem_budget_gb)
-    if args.mem_budget_gb is not None:
-        extra["mem_budget_gb"] = args.mem_budget_gb
-    memory = PeakMemory(env.device)
-    memory.mark_baseline()
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else _gemm_rate(env.device, torch_dtype,
-                                                                         args.gemm_seconds)
-    low = torch_dtype if spec.dtype != "fp32" else None
+    memory, peak = _prepare(spec, args, env.device, extra)
+    low = spec.low_precision_dtype
     built = time.perf_counter()
     runner = build_runner(spec, layout, low, env.device)
     extra["build_seconds"] = round(time.perf_counter() - built, 3)
-    batch = rank_batch(spec, layout, env, low)
+    batch = rank_batch(spec, layout, env.rank, env.device, low)
     timed = _train(runner, batch, spec, args, memory, env, extra)
     del runner, batch
     return _metrics(spec, layout, timed, peak, extra)
+
+
+def _prepare(spec, args: argparse.Namespace, device, extra: Dict[str, Any]):
+    """Before the build: malloc settings, the mode's framework imported, the memory budget, the
+    memory baseline and the machine's GEMM rate. Returns (PeakMemory, peak FLOP/s per rank)."""
+    from end2end.driver.assemble import import_runtime
+    from end2end.driver.measure import PeakMemory, limit_cuda_memory
+
+    if device.type == "cpu" and args.keep_freed_memory:
+        import slapo
+
+        extra["keep_freed_memory"] = slapo.keep_freed_memory()
+    import_runtime(spec.mode)
+    limit_cuda_memory(device, args.mem_budget_gb)
+    if args.mem_budget_gb is not None:
+        extra["mem_budget_gb"] = args.mem_budget_gb
+    memory = PeakMemory(device)
+    memory.mark_baseline()
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else _gemm_rate(
+        device, spec.torch_dtype, args.gemm_seconds)
+    return memory, peak
 
 
 def _gemm_rate(device, dtype, seconds: float) -> float:
@@ -315,22 +242,6 @@ def _gemm_rate(device, dtype, seconds: float) -> float:
     rates = [measure_gemm_flops(device, gemm_dtype, size=size, seconds=seconds / 5,
                                 warmup=1 if i else 3) for i in range(5)]
     return all_reduce_float(max(rates), "avg")
-
-
-def rank_batch(spec, layout: Dict[str, int], env, dtype):
-    """This rank's synthetic batch: one per data-parallel replica (TP fastest, then DP)."""
-    import torch
-
-    from end2end.models import get_model_spec, make_inputs
-
-    replica = (env.rank // layout["tp"]) % layout["dp"]
-    gen = torch.Generator().manual_seed(1000 + replica)
-    return make_inputs(get_model_spec(spec.model), layout["local_batch"], spec.seq_len,
-                       spec.dec_seq_len, generator=gen, device=env.device, dtype=dtype)
-
-
-# the names other modules used before these became public (end2end.driver.ab, tests)
-_layout, _make_runner, _batch = run_layout, build_runner, rank_batch
 
 
 def _train(runner, batch, spec, args: argparse.Namespace, memory, env,
@@ -378,7 +289,7 @@ def _train(runner, batch, spec, args: argparse.Namespace, memory, env,
     return dict(elapsed=elapsed, params=params, mem=mem)
 
 
-def _metrics(spec, layout: Dict[str, int], timed: Dict[str, Any], peak: float,
+def _metrics(spec, layout, timed: Dict[str, Any], peak: float,
              extra: Dict[str, Any]) -> Dict[str, Any]:
     """The row's metric fields from the timed window (and the batch layout in ``extra``)."""
     from end2end.models.flops import mfu, tflops_per_rank, train_flops_per_sample
@@ -386,8 +297,9 @@ def _metrics(spec, layout: Dict[str, int], timed: Dict[str, Any], peak: float,
     elapsed = timed["elapsed"]
     thrpt = spec.batch_size * spec.steps / elapsed
     flops = train_flops_per_sample(spec.model, spec.seq_len, spec.dec_seq_len)
-    extra.update(train_flops_per_sample=flops, local_batch=layout["local_batch"],
-                 microbatches=layout["microbatches"], micro_batch=layout["micro_batch"])
+    record = layout.as_record()
+    extra.update(train_flops_per_sample=flops, local_batch=record["local_batch"],
+                 microbatches=record["microbatches"], micro_batch=record["micro_batch"])
     return dict(thrpt=thrpt, per_gpu_param=timed["params"] / 1e6,
                 per_gpu_mem=timed["mem"] / 1e9,
                 per_gpu_tflops=tflops_per_rank(thrpt, flops, spec.n),
@@ -403,6 +315,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from slapo.runtime.distributed import init_distributed, teardown
 
     from end2end.spec.knobs import check_run_knobs
+    from end2end.spec.layout import run_layout
     from end2end.driver.measure import is_oom
     from end2end.models import get_model_spec
 

@@ -1,5 +1,5 @@
 """The builders of the benchmark modes: one small function per framework, registered for its
-modes with :func:`~end2end.driver.runtimes.builds` (the table of modes, :mod:`end2end.spec.modes`,
+modes with :func:`~end2end.driver.runner.builds` (the table of modes, :mod:`end2end.spec.modes`,
 says what each mode is; :func:`~end2end.driver.runtimes.make_runner` calls its builder), and the
 training step of each runtime. A new mode needs an entry in the table and, unless an existing
 builder fits, one function here.
@@ -17,9 +17,9 @@ from torch import nn
 import slapo
 from slapo.errors import ConfigError
 
-from end2end.driver.runtimes import (Batch, ModelSchedule, Runner, RunnerRequest, config_of,
-                                     prepare_hf_model, scheduled_model, builds,
-                                     default_deepspeed_config)
+from end2end.driver.runner import (Batch, ModelSchedule, Runner, RunnerRequest, builds,
+                                   config_of, default_deepspeed_config, prepare_hf_model,
+                                   scheduled_model)
 
 __all__ = ["pipeline_runner", "plain_torch_step"]
 

@@ -145,7 +145,7 @@ def measured_peak(mode: str, model: str, n: int, seq: int, batch: int, results: 
 def simulated_peak(mode: str, model: str, n: int, seq: int, batch: int) -> float:
     """The simulator's peak of live bytes on rank 0 of the same run (this CPU's kernels), in
     this process (which should simulate nothing else: :mod:`end2end.simulate.isolated`)."""
-    from end2end.driver.bench import run_layout
+    from end2end.spec.layout import run_layout
     from end2end.simulate.microbatches import simulate_role
     from end2end.spec.config_file import make_run_spec
 

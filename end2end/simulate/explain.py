@@ -202,7 +202,7 @@ def measure_line(spec, out_dir: Path, timeout: float = 900) -> Tuple[Dict[str, d
 def predict_line(spec, profile):
     """The simulator's first rank of ``spec`` (in a process of its own) and the predicted step
     (seconds, as the row's ``step_time``)."""
-    from end2end.driver.bench import run_layout
+    from end2end.spec.layout import run_layout
     from end2end.simulate.microbatches import simulate_role
     from end2end.simulate.run import _values
 

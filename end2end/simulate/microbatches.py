@@ -25,23 +25,17 @@ Runs with at most 3 micro-batches are simulated as they are.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict
 
 from end2end.simulate.step import RankResult, simulate_rank, simulate_rank_isolated
 
-__all__ = ["simulate_role", "extrapolate", "micro_layout", "in_flight"]
+__all__ = ["simulate_role", "extrapolate", "in_flight"]
 
 
-def micro_layout(layout: Dict[str, int], k: int) -> Dict[str, int]:
-    """``layout`` with a rank batch of ``k`` micro-batches."""
-    return dict(layout, local_batch=layout["micro_batch"] * k, microbatches=k)
-
-
-def in_flight(spec, layout: Dict[str, int], stage: int) -> int:
+def in_flight(spec, layout, stage: int) -> int:
     """Micro-batches whose activations stage ``stage`` holds at once (module docstring)."""
-    m = layout["microbatches"]
-    if layout["pp"] > 1 and spec.framework == "deepspeed":
-        return min(m, layout["pp"] - stage)
+    m = layout.num_microbatches
+    if layout.pp > 1 and spec.framework == "deepspeed":
+        return min(m, layout.pp - stage)
     return m
 
 
@@ -73,16 +67,15 @@ def extrapolate(one: RankResult, two: RankResult, m: int, held: int) -> RankResu
                                                  in_flight=held))
 
 
-def simulate_role(spec, layout: Dict[str, int], rank: int, gpu: bool = False,
+def simulate_role(spec, layout, rank: int, gpu: bool = False,
                   isolate: bool = False) -> RankResult:
     """Global rank ``rank``'s step (:func:`~end2end.simulate.step.simulate_rank`), with at most
     three micro-batches simulated (module docstring). A process simulates one step only
     (:mod:`end2end.simulate.isolated`): the two short steps, and the step itself when
     ``isolate`` (the run has several roles), run in processes of their own."""
-    m = layout["microbatches"]
+    m = layout.num_microbatches
     if m <= FIRST + 1:
         return (simulate_rank_isolated if isolate else simulate_rank)(spec, layout, rank, gpu)
-    one = simulate_rank_isolated(spec, micro_layout(layout, FIRST), rank, gpu)
-    two = simulate_rank_isolated(spec, micro_layout(layout, FIRST + 1), rank, gpu)
-    stage = rank // (layout["tp"] * layout["dp"])
-    return extrapolate(one, two, m, in_flight(spec, layout, stage))
+    one = simulate_rank_isolated(spec, layout.with_microbatches(FIRST), rank, gpu)
+    two = simulate_rank_isolated(spec, layout.with_microbatches(FIRST + 1), rank, gpu)
+    return extrapolate(one, two, m, in_flight(spec, layout, layout.stage(rank)))

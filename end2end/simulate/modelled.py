@@ -35,14 +35,13 @@ two fp32 moments, ``12 x P`` bytes) in place of the simulated AdamW's. The rows 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Any, Iterator, List
+from typing import Any, List, Optional
 
 
 from end2end.simulate.recorder import CollectiveRecord, OpRecord
 
-__all__ = ["Modelled", "modelled_builders", "zero3_memory", "zero3_collectives",
+__all__ = ["Modelled", "zero3_memory", "zero3_collectives",
            "zero3_costs", "PREFETCH_ELEMENTS", "REDUCE_BUCKET_ELEMENTS"]
 
 PREFETCH_ELEMENTS = int(5e7)  # DeepSpeed stage3_prefetch_bucket_size default
@@ -83,18 +82,38 @@ def zero3_costs(modules: int, params: int, param_bytes: int, dtype: str) -> List
 
 @dataclasses.dataclass
 class Modelled:
-    """What a modelled runtime changes in a rank's result (:meth:`finish`); ``text`` is empty
-    when the real runtime ran."""
+    """A run's modelled runtime (see the module docstring): ``builders``, the builder table
+    to build the run with (``make_runner(builders=...)``; ``None``: the driver's own), and
+    what the model changes in a rank's result (:meth:`finish`); ``text`` is empty when the real
+    runtime runs."""
 
     spec: Any
-    layout: dict
+    layout: Any
     text: str = ""
+    builders: Optional[Any] = None
+
+    @classmethod
+    def for_run(cls, spec, layout) -> "Modelled":
+        """The modelled runtime of ``spec`` with ``layout``: for the DeepSpeed modes, the
+        driver's builder table with ZeRO-3 (no pipeline) or the pipeline builder (``pp`` > 1)
+        replaced by its model; the driver's table itself is never changed."""
+        from end2end.driver.runtimes import default_builders
+
+        if spec.framework != "deepspeed":
+            return cls(spec, layout)
+        if layout.pp > 1:
+            return cls(spec, layout, "DeepSpeed pipeline simulated as slapo's torch pipeline "
+                       "of the same stages; memory for 1F1B's min(M, P - stage) micro-batches "
+                       "in flight", default_builders().replace(pipeline=_torch_pipeline))
+        return cls(spec, layout, "ZeRO-3 modelled: states / DP, prefetched all-gathers, "
+                   "reduce-scatter (end2end.simulate.modelled)",
+                   default_builders().replace({spec.mode: _zero3_builder}))
 
     def finish(self, result, runner) -> None:
         result.modelled = self.text
         if self.spec.framework != "deepspeed":
             return
-        if self.layout["pp"] > 1:
+        if self.layout.pp > 1:
             _pipeline_master_states(result, (self.spec.dtype or "fp32") != "fp32")
             return
         import torch.distributed as dist
@@ -103,7 +122,7 @@ class Modelled:
         params = result.parameters
         largest = max((sum(p.numel() for p in m.parameters(recurse=False))
                        for m in runner.model.modules()), default=0)
-        zero = zero3_memory(params, self.layout["dp"], low, largest)
+        zero = zero3_memory(params, self.layout.dp, low, largest)
         mem = result.memory
         activation = mem["activation"]
         mem.update({k: zero[k] for k in ("param", "grad", "optstate")},
@@ -137,7 +156,7 @@ def _zero3_builder(request):
     import slapo
 
     from end2end.driver.builders import plain_torch_step
-    from end2end.driver.runtimes import Runner, scheduled_model
+    from end2end.driver.runner import Runner, scheduled_model
 
     built, _ = slapo.build(scheduled_model(request), target="torch")
     if request.low_precision:
@@ -150,35 +169,10 @@ def _torch_pipeline(request, sch):
     """A DeepSpeed pipeline's stage on slapo's torch pipeline (same schedule and cuts)."""
     import slapo
 
-    from end2end.driver.runtimes import Runner
+    from end2end.driver.runner import Runner
 
     if request.low_precision:  # DeepSpeed's fp16/bf16 engine trains the model cast
         sch.mod.to(request.dtype)
     model, opt = slapo.build(sch, target="torch", optimizer=request.optimizer,
                              n_microbatches=request.num_microbatches)
     return Runner(request.mode.name, model, opt, model.train_step)
-
-
-@contextlib.contextmanager
-def modelled_builders(spec, layout: dict) -> Iterator[Modelled]:
-    """Within: the builders of runtimes that cannot run on fake tensors are replaced by their
-    models (see the module docstring); yields the :class:`Modelled` to finish the result."""
-    from end2end.driver import builders, runtimes
-
-    state = Modelled(spec, layout)
-    saved = dict(runtimes.BUILDERS), builders.pipeline_runner
-    if spec.framework == "deepspeed":
-        if layout["pp"] > 1:
-            builders.pipeline_runner = _torch_pipeline
-            state.text = ("DeepSpeed pipeline simulated as slapo's torch pipeline of the same "
-                          "stages; memory for 1F1B's min(M, P - stage) micro-batches in flight")
-        else:
-            runtimes.BUILDERS[spec.mode] = _zero3_builder
-            state.text = ("ZeRO-3 modelled: states / DP, prefetched all-gathers, "
-                          "reduce-scatter (end2end.simulate.modelled)")
-    try:
-        yield state
-    finally:
-        runtimes.BUILDERS.clear()
-        runtimes.BUILDERS.update(saved[0])
-        builders.pipeline_runner = saved[1]

@@ -3,7 +3,7 @@ fake tensors, the time model applied, and the row it gets.
 
 A run's roles: tensor-parallel ranks of a stage do the same work and data-parallel replicas the
 same, so one rank per pipeline stage is simulated (global rank ``s x TP x DP`` of stage ``s``:
-the world is laid out TP x DP x PP, :mod:`end2end.driver.runtimes`). Each run is simulated in a
+the world is laid out TP x DP x PP, :class:`end2end.spec.layout.Layout`). Each run is simulated in a
 process of its own (``python -m end2end.simulate.worker``): runtimes keep global state
 (megatron-core's parallel state), and a fresh process returns its memory.
 
@@ -15,7 +15,6 @@ the same code runs).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -24,38 +23,21 @@ import time
 import traceback
 from typing import Any, Dict, List
 
-__all__ = ["simulate_run", "simulate_in_process", "spec_to_json", "spec_from_json", "roles"]
-
-
-def spec_to_json(spec) -> str:
-    """A RunSpec as JSON (for the worker process)."""
-    return json.dumps(dataclasses.asdict(spec))
-
-
-def spec_from_json(text: str):
-    """The RunSpec of :func:`spec_to_json`."""
-    from end2end.spec.runspec import RunSpec
-
-    return RunSpec(**json.loads(text))
-
-
-def roles(layout: Dict[str, int]) -> List[int]:
-    """The global ranks simulated: the first rank of each pipeline stage."""
-    return [s * layout["tp"] * layout["dp"] for s in range(layout["pp"])]
+__all__ = ["simulate_run", "simulate_in_process"]
 
 
 def simulate_in_process(spec, profile) -> Dict[str, Any]:
     """Simulate ``spec`` in this process: the row's fields (``status``, metrics, ``error``,
     ``extra``). A failure is a ``fail`` row (or ``oom``: an OOM raised while building)."""
-    from end2end.driver.bench import run_layout
     from end2end.driver.measure import is_oom
+    from end2end.spec.layout import run_layout
     from end2end.simulate.microbatches import simulate_role
 
     began = time.perf_counter()
     try:
         layout = run_layout(spec)
         gpu = profile.name != "cpu"
-        ranks = roles(layout)
+        ranks = layout.stage_leaders()
         results = [simulate_role(spec, layout, r, gpu, isolate=len(ranks) > 1) for r in ranks]
     except Exception as exc:  # noqa: BLE001  (every failure becomes a row, as in the driver)
         return dict(status="oom" if is_oom(exc) else "fail",
@@ -75,13 +57,12 @@ def _values(spec, layout, results, profile) -> Dict[str, Any]:
     kinds = overlapped_kinds(info.framework, info.slapo)
     on_node = min(spec.n, profile.gpus_per_node)  # ranks sharing a machine (cpu: threads)
     per_rank = [rank_seconds(r.ops, r.collectives, profile, kinds, on_node) for r in results]
-    step = step_seconds([t["total"] for t in per_rank], layout["pp"], layout["microbatches"])
+    step = step_seconds([t["total"] for t in per_rank], layout.pp, layout.num_microbatches)
     peak = max(r.memory["peak"] for r in results)
     need = peak * (1 + profile.allocator_overhead) + profile.reserved_bytes
     thrpt = spec.batch_size / step
     flops = train_flops_per_sample(spec.model, spec.seq_len, spec.dec_seq_len)
-    dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(spec.dtype or "fp32", "float32")
-    rate = profile.rate(dtype)
+    rate = profile.rate(spec.torch_dtype_name)
     status = "sim" if need <= profile.memory_bytes else "sim-oom"
     error = "" if status == "sim" else (
         f"predicted {need / 1e9:.1f} GB per rank (peak {peak / 1e9:.1f} GB + "
@@ -91,7 +72,7 @@ def _values(spec, layout, results, profile) -> Dict[str, Any]:
                  extrapolated=results[0].extrapolated,
                  attention="fused (CUDA memory-efficient kernel)" if profile.name != "cpu"
                  else "as on this CPU",
-                 layout=layout, roles=[r.rank for r in results],
+                 layout=layout.as_record(), roles=[r.rank for r in results],
                  memory=[r.memory for r in results], timing=per_rank,
                  totals=[r.totals for r in results], needed_bytes=need,
                  collectives=[_collective_summary(r.collectives, kinds) for r in results],
@@ -123,7 +104,7 @@ def simulate_run(spec, profile_name: str, calibration: str = "", timeout: float 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                CUDA_VISIBLE_DEVICES="")
     try:
-        proc = subprocess.run(cmd, input=spec_to_json(spec), capture_output=True, text=True,
+        proc = subprocess.run(cmd, input=spec.to_json(), capture_output=True, text=True,
                               timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return dict(status="timeout", error=f"simulation took over {timeout:.0f} s",

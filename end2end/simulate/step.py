@@ -1,11 +1,12 @@
 """One rank's training step at its real size, through the driver's own code, on fake tensors.
 
 :func:`simulate_rank` takes a validated :class:`~end2end.spec.runspec.RunSpec` and its layout
-(:func:`end2end.driver.bench.run_layout`, which raises the same ``ConfigError`` as a real run),
+(:func:`end2end.spec.layout.run_layout`, which raises the same ``ConfigError`` as a real run),
 enters :func:`~end2end.simulate.fake_world.fake_world` as one global rank, and builds the run
-exactly as the driver does (``end2end.driver.bench.build_runner``: zoo model, schedule and
+exactly as the driver does (:func:`end2end.driver.assemble.build_runner`: zoo model, schedule and
 knobs, ``make_runner`` and the mode's builder), except for the runtimes that cannot run on fake
-tensors, whose builders :mod:`end2end.simulate.modelled` replaces for the duration. Then one
+tensors, whose builders the run's builder table takes from :mod:`end2end.simulate.modelled`
+(``make_runner(builders=...)``: the driver's own table is not touched). Then one
 training step (forward, backward, optimizer step: ``runner.train_step``) runs under
 :class:`~end2end.simulate.recorder.StepRecorder` which also follows the memory. A pipeline
 stage's schedule is built first, unrecorded, as a real run builds it in its warm-up
@@ -24,8 +25,6 @@ from end2end.simulate.recorder import CollectiveRecord, OpRecord, StepRecorder, 
 
 __all__ = ["RankResult", "simulate_rank", "simulate_rank_isolated", "rank_result_from_json",
            "build_pipeline_schedule"]
-
-_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @dataclasses.dataclass
@@ -75,23 +74,24 @@ def _state_tensors(runner) -> Dict[str, List[Any]]:
                 grad=[p.grad for p in params if p.grad is not None], optstate=states)
 
 
-def simulate_rank(spec, layout: Dict[str, int], rank: int, gpu: bool = False) -> RankResult:
+def simulate_rank(spec, layout, rank: int, gpu: bool = False) -> RankResult:
     """Build and step global rank ``rank`` of ``spec`` on a fake world of ``spec.n`` ranks;
     ``gpu``: attention runs as CUDA's fused kernel (:mod:`end2end.simulate.kernels`), else as
     on this CPU."""
-    from end2end.driver.bench import build_runner, rank_batch
+    from end2end.driver.assemble import build_runner, rank_batch
     from end2end.driver.measure import local_parameters
     from end2end.simulate.fake_world import fake_world
     from end2end.simulate.kernels import GpuAttention
-    from end2end.simulate.modelled import modelled_builders
+    from end2end.simulate.modelled import Modelled
 
     from slapo.runtime.distributed import init_distributed
 
-    dtype = _DTYPES[spec.dtype or "fp32"]
-    with fake_world(rank, spec.n), modelled_builders(spec, layout) as modelled:
+    dtype = spec.low_precision_dtype
+    modelled = Modelled.for_run(spec, layout)
+    with fake_world(rank, spec.n):
         env = init_distributed()
-        runner = build_runner(spec, layout, dtype, env.device)
-        batch = rank_batch(spec, layout, env, dtype)
+        runner = build_runner(spec, layout, dtype, env.device, builders=modelled.builders)
+        batch = rank_batch(spec, layout, env.rank, env.device, dtype)
         build_pipeline_schedule(runner, batch)
         before = _resident(runner)
         recorder = StepRecorder()
@@ -155,10 +155,13 @@ def _optimizer_phase(recorder: StepRecorder) -> List[Any]:
 
 
 def _rank_json(spec_json: str, layout: Dict[str, int], rank: int, gpu: bool) -> Dict[str, Any]:
-    """:func:`simulate_rank` of a JSON RunSpec, as JSON (for :func:`simulate_rank_isolated`)."""
-    from end2end.simulate.run import spec_from_json
+    """:func:`simulate_rank` of a JSON RunSpec and a layout record, as JSON (for
+    :func:`simulate_rank_isolated`)."""
+    from end2end.spec.layout import Layout
+    from end2end.spec.runspec import RunSpec
 
-    return dataclasses.asdict(simulate_rank(spec_from_json(spec_json), layout, rank, gpu))
+    return dataclasses.asdict(simulate_rank(RunSpec.from_json(spec_json),
+                                            Layout.from_record(layout), rank, gpu))
 
 
 def rank_result_from_json(data: Dict[str, Any]) -> RankResult:
@@ -169,12 +172,11 @@ def rank_result_from_json(data: Dict[str, Any]) -> RankResult:
     return RankResult(**data)
 
 
-def simulate_rank_isolated(spec, layout: Dict[str, int], rank: int, gpu: bool = False
+def simulate_rank_isolated(spec, layout, rank: int, gpu: bool = False
                            ) -> RankResult:
     """:func:`simulate_rank` in a fresh process (:mod:`end2end.simulate.isolated`): for a run
     that needs several simulations (pipeline stages, micro-batch extrapolation)."""
     from end2end.simulate.isolated import isolated
-    from end2end.simulate.run import spec_to_json
 
     return rank_result_from_json(isolated("end2end.simulate.step._rank_json",
-                                          spec_to_json(spec), layout, rank, gpu))
+                                          spec.to_json(), layout.as_record(), rank, gpu))

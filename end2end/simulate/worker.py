@@ -1,5 +1,5 @@
 """``python -m end2end.simulate.worker PROFILE [CALIBRATION]``: simulate the RunSpec read as JSON
-from stdin (:func:`end2end.simulate.run.spec_to_json`) and print the row's fields as one JSON
+from stdin (:meth:`end2end.spec.runspec.RunSpec.to_json`) and print the row's fields as one JSON
 line (:func:`end2end.simulate.run.simulate_in_process`). Started by
 :func:`end2end.simulate.run.simulate_run`, one process per run."""
 
@@ -16,10 +16,11 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     warnings.filterwarnings("ignore")
     from end2end.simulate.profiles import get_profile
-    from end2end.simulate.run import simulate_in_process, spec_from_json
+    from end2end.simulate.run import simulate_in_process
+    from end2end.spec.runspec import RunSpec
 
     profile = get_profile(argv[0], argv[1] if len(argv) > 1 and argv[1] else None)
-    values = simulate_in_process(spec_from_json(sys.stdin.read()), profile)
+    values = simulate_in_process(RunSpec.from_json(sys.stdin.read()), profile)
     sys.stdout.write("\n" + json.dumps(values, default=str) + "\n")
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown (megatron/fake-group state can abort it)

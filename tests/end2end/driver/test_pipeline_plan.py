@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from end2end.driver.bench import _layout, parse_args, run_bench, spec_from_args
+from end2end.driver.bench import parse_args, run_bench, spec_from_args
+from end2end.spec.layout import Layout, run_layout
 from end2end.spec.config_file import expand, load_runs, parse_lines
 from end2end.models import build_model, count_parameters, get_model_spec
 from end2end.driver.pipeline_plan import (check_pipeline_mode, default_micro_batch, even_cuts,
@@ -73,16 +74,16 @@ def test_default_micro_batch():
 def _layout_of(mode, n, *extra):
     args = parse_args(["--mode", mode, "--model", "tiny/bert", "--results", "x.tsv",
                        *COMMON, *extra])
-    return _layout(spec_from_args(args, n))
+    return run_layout(spec_from_args(args, n))
 
 
 def test_pipeline_layout_and_micro_batches():
-    assert _layout_of("slapo", 2, "--pp", "2") == dict(
-        tp=1, pp=2, dp=1, local_batch=4, micro_batch=2, microbatches=2)
-    assert _layout_of("slapo-deepspeed", 2, "--pp", "2", "--micro-batch-size", "1")[
-        "microbatches"] == 4
+    assert _layout_of("slapo", 2, "--pp", "2") == Layout(
+        tp=1, pp=2, dp=1, local_batch=4, micro_batch_size=2, num_microbatches=2)
+    assert _layout_of("slapo-deepspeed", 2, "--pp", "2", "--micro-batch-size", "1"
+                      ).num_microbatches == 4
     lay = _layout_of("slapo", 8, "--tp", "2", "--pp", "2", "--batch-size", "8")
-    assert (lay["tp"], lay["pp"], lay["dp"], lay["local_batch"]) == (2, 2, 2, 4)
+    assert (lay.tp, lay.pp, lay.dp, lay.local_batch) == (2, 2, 2, 4)
     with pytest.raises(ConfigError, match="batch 4 is not a multiple of micro_batch 3"):
         _layout_of("slapo", 2, "--pp", "2", "--micro-batch-size", "3")
     # without pipelines, micro-batches stay a megatron feature

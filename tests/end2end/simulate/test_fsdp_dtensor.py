@@ -65,14 +65,15 @@ def _real_rank(mode: str) -> dict:
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    from end2end.driver.bench import build_runner, rank_batch, run_layout
+    from end2end.driver.assemble import build_runner, rank_batch
+    from end2end.spec.layout import run_layout
 
     from slapo.runtime.distributed import init_distributed
 
     spec = _spec(mode, 2)
     layout, env = run_layout(spec), init_distributed()
     runner = build_runner(spec, layout, None, env.device)
-    batch = rank_batch(spec, layout, env, None)
+    batch = rank_batch(spec, layout, env.rank, env.device, None)
     tracker = MemTracker()
     tracker.track_external(runner.model, runner.optimizer)
     with tracker:

@@ -21,7 +21,8 @@ def _real_parameters(n: int) -> int:
     """This rank's parameters of a real ``slapo`` run on ``n`` gloo ranks (driver code)."""
     import torch
 
-    from end2end.driver.bench import build_runner, run_layout
+    from end2end.driver.assemble import build_runner
+    from end2end.spec.layout import run_layout
     from end2end.driver.measure import local_parameters
 
     spec = _spec("slapo", n)
