@@ -22,15 +22,18 @@ What that means for a schedule:
 * Hooks and slapo forward wrappers inside the module (``sync``, ``checkpoint``, ``fork_rng``)
   cannot survive a flat graph, so tracing refuses them: trace first, then apply those.
 * Tensor inputs are exported with automatic dynamic shapes (other batch and sequence sizes
-  work where the code allows); non-tensor inputs, ``self.training`` and control flow are fixed
-  at trace time, as with the default tracer.
+  work where the code allows); non-tensor inputs and control flow are fixed at trace time.
+* The module is exported in both modes (:mod:`slapo.trace.modes`): arguments that differ
+  (``dropout_p`` of attention) read ``self.training`` on every call, so the graph is exact in
+  both modes; where the operations differ (``aten.dropout`` only in training mode) the graph
+  runs only in the mode it was traced in and refuses the other (:class:`TracedMode`).
 """
 
 from __future__ import annotations
 
 import inspect
 import re
-from typing import Any, List
+from typing import Any, List, Optional
 
 import torch
 import torch.fx as fx
@@ -39,6 +42,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import TraceError
 from ..runtime.forward_wrap import forward_wrappers
+from .modes import TracedModeError, merge_modes, other_mode, unchanged_buffers
 from .original import keep_original
 
 __all__ = ["export_module", "trace_dynamo", "check_tracer", "is_dynamo_graph", "from_module",
@@ -94,21 +98,10 @@ def _without_none_extras(mod: nn.Module, kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k in params or v is not None}
 
 
-def _mode_dependent(node: fx.Node) -> bool:
-    """Dropout with p > 0 or batch norm: computed differently in train and eval mode."""
-    name = str(getattr(node.target, "__name__", node.target))
-    if node.op != "call_function":
-        return False
-    if "dropout" in name:
-        p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
-        return not (isinstance(p, (int, float)) and p == 0)
-    return "batch_norm" in name
-
-
 class TracedMode:
-    """Forward pre-hook of a dynamo graph with dropout or batch norm: the graph computes them
-    as in the mode it was traced in, so running it in the other mode is an error, not a
-    silently wrong result."""
+    """Forward pre-hook of a dynamo graph whose operations differ between training and
+    evaluation mode (dropout, batch norm, ``if self.training:``): the graph computes the mode it
+    was traced in, so running it in the other mode is an error, not a silently wrong result."""
 
     def __init__(self, training: bool, path: str):
         self.training, self.path = training, path
@@ -116,12 +109,12 @@ class TracedMode:
     def __call__(self, module: nn.Module, args: tuple) -> None:
         if module.training != self.training:
             traced, now = (("train", "eval") if self.training else ("eval", "train"))
-            raise TraceError(
-                f"this dynamo graph was traced in {traced} mode and holds dropout or batch "
-                f"norm fixed to it, but runs in {now} mode", path=self.path,
+            raise TracedModeError(
+                f"this dynamo graph was traced in {traced} mode and its operations differ in "
+                f"{now} mode, but it runs in {now} mode", path=self.path,
                 call="trace(tracer='dynamo')",
                 hint=f"call trace(tracer='dynamo') with the model in {now} mode, or use the "
-                "default tracer")
+                "default tracer, which keeps mode-dependent modules as module calls")
 
 
 class DroppedExtras:
@@ -141,6 +134,23 @@ class DroppedExtras:
                 call="trace(tracer='dynamo')",
                 hint="trace with example inputs that pass them, or use the default tracer")
         return args, {k: v for k, v in kwargs.items() if k not in self.names}
+
+
+def _export(mod: nn.Module, args: tuple, kwargs: dict, path: str) -> fx.GraphModule:
+    """``torch.export`` of ``mod`` in its current mode, as a GraphModule."""
+    try:
+        with torch.random.fork_rng(devices=[]), unchanged_buffers(mod):
+            program = torch.export.export(mod, args, kwargs,
+                                          dynamic_shapes=_dynamic_shapes(mod, args, kwargs),
+                                          strict=False)
+    except Exception as e:  # torch.export reports many error types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise TraceError(
+            f"torch.export could not trace the module: {type(e).__name__}: {first}",
+            path=path, call="trace(tracer='dynamo')", module=mod,
+            hint="use the default tracer (drop tracer=), or replace the construct torch.export "
+            "rejects (data-dependent control flow needs torch.cond)") from e
+    return program.module()
 
 
 def export_module(mod: nn.Module, inputs: Any, *, path: str = "") -> fx.GraphModule:
@@ -165,27 +175,23 @@ def export_module(mod: nn.Module, inputs: Any, *, path: str = "") -> fx.GraphMod
     args, kwargs = inputs
     args, given = tuple(args), dict(kwargs)
     kwargs = _without_none_extras(mod, given)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            program = torch.export.export(mod, args, kwargs,
-                                          dynamic_shapes=_dynamic_shapes(mod, args, kwargs),
-                                          strict=False)
-    except Exception as e:  # torch.export reports many error types
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise TraceError(
-            f"torch.export could not trace the module: {type(e).__name__}: {first}",
-            path=path, call="trace(tracer='dynamo')", module=mod,
-            hint="use the default tracer (drop tracer=), or replace the construct torch.export "
-            "rejects (data-dependent control flow needs torch.cond)") from e
-    gm = program.module()
+    with other_mode(mod):
+        try:
+            other: Optional[fx.Graph] = _export(mod, args, kwargs, path).graph
+        except TraceError:  # not exportable in the other mode: the traced mode is guarded
+            other = None
+    gm = _export(mod, args, kwargs, path)
     for name in ("train", "eval"):  # torch.export's module refuses both; the parent calls them
         gm.__dict__.pop(name, None)
     gm.training = mod.training
     if len(kwargs) < len(given):
         gm.register_forward_pre_hook(DroppedExtras(sorted(set(given) - set(kwargs)), path),
                                      with_kwargs=True, prepend=True)
-    if any(_mode_dependent(n) for n in gm.graph.nodes):
+    merged = merge_modes(gm.graph, other, mod.training, path, guard=False)
+    if merged == "guarded":
         gm.register_forward_pre_hook(TracedMode(mod.training, path))
+    elif merged == "merged":
+        gm.recompile()
     gm.meta[_META_KEY] = TRACER
     keep_original(mod, gm)  # initialisers that dispatch on the class still find it
     return gm

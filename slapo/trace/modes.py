@@ -37,7 +37,8 @@ from torch.fx.node import has_side_effect
 
 from ..errors import TraceError
 
-__all__ = ["TracedModeError", "by_mode", "check_mode", "merge_modes", "other_mode", "mode_name"]
+__all__ = ["TracedModeError", "by_mode", "check_mode", "merge_modes", "other_mode", "mode_name",
+           "trace_in_both_modes", "unchanged_buffers"]
 
 _Literal = (type(None), bool, int, float, str, torch.dtype, torch.device)
 
@@ -81,6 +82,23 @@ class other_mode:  # a context manager used like a function
     def __exit__(self, *exc: Any) -> None:
         for m, training in self.saved:
             m.training = training
+
+
+class unchanged_buffers:  # a context manager used like a function
+    """Buffers of ``mod`` as they were before the block: tracing runs the forward on example
+    values, and a training-mode batch norm would count that run in its running statistics."""
+
+    def __init__(self, mod: nn.Module):
+        self.saved = [(b, b.clone()) for b in mod.buffers() if not b.is_meta]
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        with torch.no_grad():
+            for b, value in self.saved:
+                if b.shape == value.shape:
+                    b.copy_(value)
 
 
 def _same_literal(a: Any, b: Any) -> bool:
@@ -177,12 +195,14 @@ def _module_of(node: fx.Node, path: str) -> str:
     return path or "<root>"
 
 
-def merge_modes(traced: fx.Graph, other: Optional[fx.Graph], training: bool, path: str) -> str:
+def merge_modes(traced: fx.Graph, other: Optional[fx.Graph], training: bool, path: str,
+                guard: bool = True) -> str:
     """Make ``traced`` (traced with the module in mode ``training``) exact in both modes, given
     ``other``, the same region traced in the other mode (see module docstring). Returns
     ``"same"``, ``"merged"`` (mode-dependent literals became :func:`by_mode` nodes) or
     ``"guarded"`` (a :func:`check_mode` guard was added; also when ``other`` is ``None``: the
-    region could not be traced in the other mode)."""
+    region could not be traced in the other mode; with ``guard=False`` the caller guards and the
+    graph is left as it is)."""
     if other is None:
         diff = _Diff()
         diff.structural = next(iter(traced.nodes))
@@ -190,6 +210,8 @@ def merge_modes(traced: fx.Graph, other: Optional[fx.Graph], training: bool, pat
         diff = _diff(traced, other)
     if diff.structural is None and not diff.literals:
         return "same"
+    if diff.structural is not None and not guard:
+        return "guarded"
     mode = _training_node(traced)
     if diff.structural is not None:
         where = _module_of(diff.structural, path)

@@ -46,7 +46,7 @@ from ..errors import TraceError
 from ..runtime.forward_wrap import copy_forward_wrappers, forward_wrappers, move_hooks
 from .guards import check_branch, check_kwargs, check_specialized, model_source_site
 from .leaf_calls import leaf_callables
-from .modes import merge_modes, trace_in_both_modes
+from .modes import merge_modes, trace_in_both_modes, unchanged_buffers
 from .original import keep_original
 from .stand_ins import meta_stand_ins
 from .type_checks import isinstance_sees_values
@@ -350,7 +350,7 @@ def _trace_graph(tracer: "ValueTracer", mod: nn.Module, path: str) -> fx.Graph:
     """One trace of ``mod`` (the global RNG state is left as it was)."""
     state = torch.random.get_rng_state()
     try:
-        with torch.random.fork_rng(devices=[]), meta_stand_ins(mod), \
+        with torch.random.fork_rng(devices=[]), unchanged_buffers(mod), meta_stand_ins(mod), \
                 isinstance_sees_values(ValueProxy), leaf_callables(mod):
             graph = tracer.trace(mod)
     except TraceError as e:

@@ -114,14 +114,38 @@ def test_dynamo_refusals_say_what_to_do():
         sch["head"].trace(example_inputs=_x(), tracer="dynamo", flatten=True)
     with pytest.raises(TraceError, match=r"unknown tracer 'pytorch'.*Hint: tracer='fx'"):
         sch["block"].trace(example_inputs=_x(), tracer="pytorch")
-    # dropout is fixed in the traced mode: running in the other mode is an error
-    _, model = _pair(p=0.5)
+    # dropout's training flag is an argument that differs between the modes: the graph reads
+    # self.training on every call, exact in both modes (issue #39)
+    ref, model = _pair(p=0.5)
     sch = slapo.create_schedule(model)
     sch["block"].trace(example_inputs=_x(), tracer="dynamo")
+    for training in (True, False, True):
+        ref.train(training)
+        model.train(training)
+        assert_same_training(ref, model, _x(3, 5))
+    # operations that exist in one mode only: the other mode is refused in one line
+    model = ModeBranch()
+    sch = slapo.create_schedule(model)
+    sch["inner"].trace(example_inputs=_x(), tracer="dynamo")
     model(*_x())
     model.eval()
-    with pytest.raises(TraceError, match="traced in train mode.*runs in eval mode"):
+    with pytest.raises(TraceError, match=r"traced in train mode.*runs in eval mode") as e:
         model(*_x())
+    assert "\n" not in str(e.value)
+
+
+class Inner(nn.Module):
+    def forward(self, x):
+        return x.sin() if self.training else x.cos()
+
+
+class ModeBranch(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = Inner()
+
+    def forward(self, x):
+        return self.inner(x)
 
 
 def _tensor_parallel_dynamo():
