@@ -39,6 +39,8 @@ from .history import Deferred, History, HistoryEntry
 from .primitives.registry import Primitive, list_primitives, register_primitive
 from .runtime.activation_checkpoint import checkpoint
 from .runtime.cpu_allocator import keep_freed_memory
+from .runtime.distributed import teardown
+from .runtime.lifecycle import install_exit_hook as _install_exit_hook
 from .runtime.rng import get_rng_tracker, is_random_seed_set, set_random_seed
 from .schedule import Schedule, create_schedule
 from .sharding import check_layouts, reduce_replicated_grads
@@ -58,7 +60,7 @@ __all__ = [
     "Primitive", "register_primitive", "list_primitives",
     "History", "HistoryEntry", "Deferred", "Subgraph", "call_module",
     "checkpoint", "init_empty_weights", "materialize", "save_checkpoint", "load_checkpoint",
-    "set_random_seed", "get_rng_tracker", "is_random_seed_set",
+    "set_random_seed", "get_rng_tracker", "is_random_seed_set", "teardown",
     "sharding", "check_layouts", "reduce_replicated_grads", "keep_freed_memory",
     "SlapoError", "PathError", "PrimitiveError", "RegistryError", "ReplaceError",
     "CheckpointError", "AnnotateError", "ShardError", "SyncError", "TraceError", "PatternError",
@@ -94,6 +96,7 @@ _ORIGINAL_NAMES = {
 
 
 register_original_names("slapo", _ORIGINAL_NAMES)
+_install_exit_hook()  # a clean exit after collectives (slapo.runtime.lifecycle says why)
 
 
 def __getattr__(name: str):

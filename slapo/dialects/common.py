@@ -146,6 +146,9 @@ def data_parallel_group(tp_group: Optional[dist.ProcessGroup]) -> dist.ProcessGr
                  "each rank's own group to create_schedule(model, group=...)")
     key = tuple(groups)
     if key not in _DP_GROUPS:
+        from ..runtime.distributed import register_teardown
+
+        register_teardown(_DP_GROUPS.clear)  # slapo.teardown() lets go of the cached groups
         pos = mine.index(dist.get_rank())
         for i in range(len(groups[0])):  # every rank creates every group, in the same order
             grp = dist.new_group([g[i] for g in groups], timeout=default_timeout())

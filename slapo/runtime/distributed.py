@@ -18,9 +18,11 @@ asynchronous error handling, on by default since torch 2.2.) Launchers should st
 remaining ranks when one exits with an error (``torchrun`` does; so does
 ``slapo.testing.run_distributed``).
 
-:func:`teardown` undoes everything: runtime-specific state registered with
-:func:`register_teardown` (megatron's parallel state, DeepSpeed's communication backend) first,
-then the default group if this module created it.
+:func:`teardown` (``slapo.teardown``) undoes everything: runtime-specific state registered with
+:func:`register_teardown` (megatron's parallel state, DeepSpeed's communication backend, cached
+groups) first, then a drain of the collective threads, then the default group if this module
+created it. An ``atexit`` hook (:mod:`slapo.runtime.lifecycle`) drains the threads at exit even
+when ``teardown`` is never called.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BuildError
+from .lifecycle import drain_collective_threads, install_exit_hook, note_distributed_use
 
 __all__ = [
     "DistEnv",
@@ -101,6 +104,8 @@ def init_distributed(
         BuildError: ``torch.distributed`` is not available in this PyTorch build.
     """
     global _OWNS_DEFAULT_GROUP
+    install_exit_hook()
+    note_distributed_use()
     if not dist.is_available():
         raise BuildError("torch.distributed is not available in this PyTorch build",
                          call="init_distributed", hint="install a PyTorch wheel with "
@@ -128,11 +133,20 @@ def register_teardown(fn: Callable[[], None]) -> None:
 
 
 def teardown() -> None:
-    """Release runtime state (registered functions, most recent first), then destroy the default
-    process group if :func:`init_distributed` created it. Safe to call more than once."""
+    """End Slapo's use of ``torch.distributed`` in this process (public as ``slapo.teardown``).
+
+    Releases the runtime state registered with :func:`register_teardown`, most recent first
+    (megatron's parallel state, DeepSpeed's communication back-end, Slapo's cached pipeline and
+    data-parallel groups); waits, with the GIL released, until the collective back-end's worker
+    threads have finished with their last collectives (:mod:`slapo.runtime.lifecycle` explains
+    the exit abort this prevents); then destroys the default process group if
+    :func:`init_distributed` created it. Safe to call more than once, and before or after the
+    user's own ``dist.destroy_process_group()``; not needed for a clean exit (an ``atexit`` hook
+    drains the threads too), but it ends the run at a point of the script's choosing."""
     global _OWNS_DEFAULT_GROUP
     while _TEARDOWNS:
         _TEARDOWNS.pop()()
+    drain_collective_threads()
     if _OWNS_DEFAULT_GROUP and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _OWNS_DEFAULT_GROUP = False

@@ -1,0 +1,133 @@
+"""Run the 2-rank docs examples and each runtime's smallest training script many times, as a user
+would (``torchrun --standalone --nproc_per_node 2 script.py``, no ``os._exit``), and count the
+runs that did not exit 0.
+
+A finished run used to abort at interpreter exit now and then (``terminate called without an
+active exception``; :mod:`slapo.runtime.lifecycle` explains why); this is the check that it no
+longer does::
+
+    python -m slapo.testing.stress_exit --runs 50          # the long run: 50 of each
+    python -m slapo.testing.stress_exit --runs 2 --only torch_tp docs/tensor_parallel.md#1
+    python -m slapo.testing.stress_exit --list
+
+The docs examples are the ```` ```python ranks=2 ```` blocks of README.md and docs/*.md, read
+from the checkout at run time (so the text run is the text shown); the runtime scripts are the
+files of ``slapo/testing/exit_scripts/``. Exit status 1 when any run failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence
+
+from ..errors import ConfigError
+
+__all__ = ["examples", "run_once", "stress", "main", "SCRIPTS_DIR", "REPO_ROOT"]
+
+SCRIPTS_DIR = pathlib.Path(__file__).resolve().parent / "exit_scripts"
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+_BLOCK = re.compile(r"^```python ranks=2[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def docs_examples(root: pathlib.Path = REPO_ROOT) -> Dict[str, str]:
+    """``{"docs/page.md#K": source}`` for every 2-rank block of README.md and docs/*.md (the
+    K-th such block of the page, counted from 1: stable while the text around it changes)."""
+    found: Dict[str, str] = {}
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        if not page.is_file():
+            continue
+        text = page.read_text()
+        for k, m in enumerate(_BLOCK.finditer(text), start=1):
+            found[f"{page.relative_to(root)}#{k}"] = m.group(1)
+    return found
+
+
+def examples(root: pathlib.Path = REPO_ROOT) -> Dict[str, str]:
+    """Every script the stress test runs: the docs' 2-rank examples, then the runtime scripts
+    (named by file stem)."""
+    found = docs_examples(root)
+    for path in sorted(SCRIPTS_DIR.glob("*.py")):
+        found[path.stem] = path.read_text()
+    return found
+
+
+def run_once(source: str, timeout_s: float = 300.0) -> tuple:
+    """Run ``source`` under torchrun on 2 ranks in a fresh directory; ``(exit code, output)``.
+    A run that outlives ``timeout_s`` is killed (its whole process group) and counts as 124."""
+    with tempfile.TemporaryDirectory(prefix="slapo-exit-") as tmp:
+        script = pathlib.Path(tmp, "train.py")
+        script.write_text(source)
+        env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+                   PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2", str(script)]
+        proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            return 124, out
+        return proc.returncode, out
+
+
+def stress(names: Sequence[str], runs: int, timeout_s: float = 300.0,
+           log=print) -> Dict[str, List[int]]:
+    """Run each of ``names`` (keys of :func:`examples`) ``runs`` times, interleaved; return every
+    run's exit code per name. A failed run's output tail goes to ``log``.
+
+    Raises:
+        ConfigError: an unknown name, or ``runs`` < 1.
+    """
+    scripts = examples()
+    unknown = [n for n in names if n not in scripts]
+    if unknown or runs < 1:
+        raise ConfigError(f"unknown script(s) {unknown}" if unknown else f"runs={runs} < 1",
+                          call="stress_exit", hint=f"choose from {sorted(scripts)} "
+                          "(--list) and --runs >= 1")
+    codes: Dict[str, List[int]] = {n: [] for n in names}
+    for i in range(runs):
+        for name in names:
+            start = time.monotonic()
+            rc, out = run_once(scripts[name], timeout_s)
+            codes[name].append(rc)
+            log(f"run {i + 1}/{runs} {name}: exit {rc} ({time.monotonic() - start:.0f} s)")
+            if rc != 0:
+                log(out[-3000:])
+    return codes
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Command line: see the module docstring."""
+    parser = argparse.ArgumentParser(prog="python -m slapo.testing.stress_exit",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=1, help="runs of each script (default 1)")
+    parser.add_argument("--only", nargs="+", help="script names (default: all; see --list)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
+    parser.add_argument("--list", action="store_true", help="print the script names and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(examples()))
+        return 0
+    try:
+        codes = stress(args.only or list(examples()), args.runs, args.timeout)
+    except ConfigError as err:
+        parser.error(str(err))
+    print("\nscript: non-zero exits of runs")
+    for name, rcs in codes.items():
+        bad = [rc for rc in rcs if rc != 0]
+        print(f"  {name}: {len(bad)} of {len(rcs)}" + (f" (exit codes {bad})" if bad else ""))
+    return 1 if any(rc != 0 for rcs in codes.values() for rc in rcs) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
