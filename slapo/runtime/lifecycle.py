@@ -22,10 +22,10 @@ holds or waits for it and no other thread of the process is runnable (a worker t
 collective but has not been scheduled since is runnable), for at least a short grace period and
 at most two seconds, so every worker finishes its release while the interpreter is intact. It
 runs in :func:`slapo.teardown` and in an ``atexit`` hook (atexit functions run before Python sets
-its finalizing flag), installed by :func:`install_exit_hook` when Slapo is imported and armed
-once a process group is used (:func:`note_distributed_use`, called by ``init_distributed`` and
-every Slapo collective) or still initialised at exit. Scripts need no ``os._exit`` and no
-particular order of calls.
+its finalizing flag), installed by :func:`install_exit_hook` when Slapo is imported; it drains
+whenever ``torch.distributed`` is loaded (also for collectives Slapo never saw: DDP's, a user's,
+after the user destroyed the group). Scripts need no ``os._exit`` and no particular order of
+calls.
 
 This module imports nothing from Slapo.
 """
@@ -111,10 +111,13 @@ def drain_collective_threads(grace_s: float = GRACE_S, max_wait_s: float = MAX_W
 
 
 def _distributed_in_use() -> bool:
+    """Whether collective threads may exist: a group was used or is initialised, or
+    ``torch.distributed`` is loaded at all (a script may have run its own collectives and
+    destroyed the group before exit; the drain then costs only its grace period)."""
     if _USED:
         return True
     dist = sys.modules.get("torch.distributed")
-    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    return bool(dist is not None and dist.is_available())
 
 
 def _at_exit() -> None:

@@ -1,6 +1,7 @@
 """``slapo.runtime.lifecycle`` and ``slapo.teardown``: the exit drain of collective threads."""
 
 import atexit
+import sys
 import threading
 import time
 
@@ -50,7 +51,7 @@ def test_thread_states_of_python_threads_are_not_foreign():
         t.join()
 
 
-def test_the_exit_hook_is_registered_once_and_drains_only_after_distributed_use(monkeypatch):
+def test_the_exit_hook_is_registered_once_and_drains_when_distributed_is_loaded(monkeypatch):
     registered, drained = [], []
     monkeypatch.setattr(atexit, "register", registered.append)
     monkeypatch.setattr(lifecycle, "_INSTALLED", False)
@@ -60,10 +61,13 @@ def test_the_exit_hook_is_registered_once_and_drains_only_after_distributed_use(
     lifecycle.install_exit_hook()
     assert registered == [lifecycle._at_exit]
     registered[0]()
-    assert drained == []  # no process group was ever used: exit costs nothing
+    assert drained == [1]  # torch.distributed is loaded: its groups may have lived and died
+    monkeypatch.delitem(sys.modules, "torch.distributed")
+    registered[0]()
+    assert drained == [1]  # nothing could have started a collective thread
     lifecycle.note_distributed_use()
     registered[0]()
-    assert drained == [1]
+    assert drained == [1, 1]
 
 
 def test_importing_slapo_installs_the_hook():
