@@ -1,6 +1,9 @@
 """What a built model and its trainer use at run time, below every other layer of Slapo.
 
-- :mod:`~slapo.runtime.distributed`: process groups, device and backend, collective timeouts.
+- :mod:`~slapo.runtime.distributed`: process groups, device and backend, collective timeouts,
+  ``teardown`` (public as ``slapo.teardown``).
+- :mod:`~slapo.runtime.lifecycle`: why a finished run could abort at interpreter exit, and the
+  exit hook that drains the collective back-end's worker threads first.
 - :mod:`~slapo.runtime.rng`: named RNG streams (``fork_rng``, tensor-parallel dropout).
 - :mod:`~slapo.runtime.activation_checkpoint`: RNG-exact activation checkpointing.
 - :mod:`~slapo.runtime.forward_wrap`: wrappers that change how a module runs, not its path.
