@@ -12,6 +12,8 @@ path raises :class:`~slapo.errors.TraceError` instead of silently computing some
   The condition itself stays in the graph, the branch taken at trace time is fixed, and the
   guard re-evaluates the condition on every call. (Data-dependent conditions cost what they
   cost in eager mode: a device synchronisation.)
+* :func:`check_number`: a traced value turned into a Python number (``len(x)``, ``int(n)``,
+  ``__index__``): a batch or sequence size fixed in the graph is checked on every call.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from torch.fx.node import has_side_effect
 
 from ..errors import TraceError
 
-__all__ = ["check_specialized", "check_kwargs", "check_branch", "model_source_site"]
+__all__ = ["check_specialized", "check_kwargs", "check_branch", "check_number",
+           "model_source_site"]
 
 _RETRACE = "re-trace with inputs like the ones you run"
 
@@ -60,6 +63,19 @@ def check_branch(condition: Any, taken: bool, site: str) -> None:
             f"{not taken} for these inputs; the traced graph only holds the {taken} branch",
             hint=f"{_RETRACE}, or make the module holding this condition a leaf "
             "(trace(leaves=[...]))")
+
+
+@has_side_effect
+def check_number(value: Any, expected: Any, site: str, of_len: bool = False) -> None:
+    """Guard for a traced value turned into a Python number (``int(x.shape[1])``, ``len(x)``
+    when ``of_len``, ``x[:n]`` with ``n`` traced): the number is fixed in the graph, so it must
+    not change."""
+    got = len(value) if of_len else type(expected)(value)
+    if got != expected:
+        raise TraceError(
+            f"the number at {site} was {expected} when the module was traced but is {got} for "
+            "these inputs; the traced graph fixed it", hint=f"{_RETRACE}, or make the module "
+            "computing it a leaf (trace(leaves=[...]))")
 
 
 _TRACE_PACKAGE = os.path.dirname(os.path.abspath(__file__)).replace("\\", "/") + "/"

@@ -6,17 +6,20 @@ values* flowing beside the graph: every node gets ``node.meta["val"]`` computed 
 its inputs (with fx's patches reverted), so Python-level questions a proxy cannot answer
 (``len``, ``iter``, ``bool``, ``keys``, ``.dtype``, ``.device``, ``.ndim``, ``int()``,
 ``isinstance`` (:mod:`slapo.trace.type_checks`)) are answered from the value and fixed in the
-graph, while tensor *shapes* stay symbolic (``x.shape[0]`` is a node), so the graph is valid for
-other batch and sequence sizes.
+graph (numbers and ``len`` of tensors guarded), while tensor *shapes* stay symbolic
+(``x.shape[0]`` is a node), so the graph is valid for other batch and sequence sizes.
 
-What is specialised at trace time (documented limits): Python control flow, ``self.training``
-(trace in the mode you run), non-tensor arguments (``None``, flags, ints), and ``len()`` /
-``int()`` of traced values. Specialised arguments and branches are *guarded*
-(:mod:`slapo.trace.guards`): calling the traced module with a different literal value, or with
-inputs for which a condition on a traced value (``if (ids == -100).any():``, ``assert
-torch.all(...)``) would take the other branch, raises :class:`~slapo.errors.TraceError` instead
-of silently computing something else. In-place item assignment (``x[..., 1:] = y``, as in T5's
-``_shift_right``) is recorded as ``operator.setitem``.
+``self.training``: the region is traced in both modes and the graphs merged
+(:mod:`slapo.trace.modes`): exact in both modes, or refusing the mode it cannot compute.
+
+What is specialised at trace time (documented limits): Python control flow, non-tensor
+arguments (``None``, flags, ints), and ``len()`` / ``int()`` of traced values. Specialised
+arguments and branches are *guarded* (:mod:`slapo.trace.guards`): calling the traced module
+with a different literal value, or with inputs for which a condition on a traced value (``if
+(ids == -100).any():``, ``assert torch.all(...)``) would take the other branch, raises
+:class:`~slapo.errors.TraceError` instead of silently computing something else. In-place item
+assignment (``x[..., 1:] = y``, as in T5's ``_shift_right``) is recorded as
+``operator.setitem``.
 
 The traced module is callable exactly like the original: its ``forward`` has the original
 parameter names, defaults, ``*args``/``**kwargs``; children, parameters and buffers keep their
@@ -44,7 +47,8 @@ from torch.fx.proxy import Attribute
 
 from ..errors import TraceError
 from ..runtime.forward_wrap import copy_forward_wrappers, forward_wrappers, move_hooks
-from .guards import check_branch, check_kwargs, check_specialized, model_source_site
+from .guards import (check_branch, check_kwargs, check_number, check_specialized,
+                     model_source_site)
 from .leaf_calls import leaf_callables
 from .modes import merge_modes, trace_in_both_modes, unchanged_buffers
 from .original import keep_original
@@ -106,7 +110,15 @@ class ValueProxy(fx.Proxy):
         return iter([self[i] for i in range(len(v))])
 
     def __len__(self) -> int:
-        return len(self.value)
+        n = len(self.value)
+        if isinstance(self.value, torch.Tensor):  # the batch size, fixed: guarded
+            self._guard_number(n, True)
+        return n
+
+    def _guard_number(self, n: Any, of_len: bool = False) -> Any:
+        self.tracer.create_proxy("call_function", check_number,
+                                 (self, n, model_source_site(), of_len), {})
+        return n
 
     def __bool__(self) -> bool:
         taken = bool(self.value)  # control flow: the branch is fixed, and guarded
@@ -115,13 +127,13 @@ class ValueProxy(fx.Proxy):
         return taken
 
     def __index__(self) -> int:
-        return int(self.value)
+        return self._guard_number(int(self.value))
 
     def __int__(self) -> int:
-        return int(self.value)
+        return self._guard_number(int(self.value))
 
     def __float__(self) -> float:
-        return float(self.value)
+        return self._guard_number(float(self.value))
 
     def keys(self):
         return self.value.keys()
