@@ -44,7 +44,7 @@ def plain_torch_step(model: nn.Module, opt: torch.optim.Optimizer,
     ``step(batch) -> loss`` that zeroes the gradients, runs forward (keyword inputs moved to the
     model's device; the model returns ``.loss``), backward and ``opt.step()``, and returns the
     loss averaged over ``dp_group`` (``None``: this rank's). The builders of the torch modes
-    use it, and the simulator's stand-in for DeepSpeed (:mod:`end2end.simulate.modelled`)."""
+    use it, and the simulator's stand-in for DeepSpeed (:mod:`end2end.simulate.engine.modelled`)."""
     device = next(model.parameters()).device
 
     def step(batch: Batch) -> float:

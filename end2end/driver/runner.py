@@ -134,7 +134,7 @@ class Builders:
     (``modes``, by mode name) and the one of pipelined runs (``pipeline``, given the request
     and its schedule cut into stages). :func:`~end2end.driver.runtimes.default_builders` is the
     driver's table; a caller that builds some modes differently (the simulator's modelled
-    runtimes, :mod:`end2end.simulate.modelled`) passes a table made with :meth:`replace`."""
+    runtimes, :mod:`end2end.simulate.engine.modelled`) passes a table made with :meth:`replace`."""
 
     modes: Mapping[str, Builder]
     pipeline: PipelineBuilder

@@ -20,7 +20,7 @@ SIMULATED_STATUSES = ("sim", "sim-oom")
 
 def build_parser() -> argparse.ArgumentParser:
     from end2end.cli import HelpFormatter
-    from end2end.simulate.profiles import PROFILES
+    from end2end.simulate.cost.profiles import PROFILES
 
     p = argparse.ArgumentParser(prog="python -m end2end.simulate",
                                 formatter_class=HelpFormatter, description=__doc__)
@@ -68,11 +68,11 @@ def run(args: argparse.Namespace) -> int:
     from end2end.cli import get_logger
     from end2end.results.environment import env_dump
     from end2end.results.store import ResultRow, append_result, env_columns
-    from end2end.simulate.profiles import get_profile
-    from end2end.simulate.run import simulate_run
+    from end2end.simulate.calibration.cpu import device_profile
+    from end2end.simulate.engine.run import simulate_run
 
     log = get_logger("end2end.simulate")
-    profile = get_profile(args.device, args.calibration or None, args.calibrate)
+    profile = device_profile(args.device, args.calibration or None, args.calibrate)
     out = Path(args.results or f"results/{Path(args.config).stem}.{args.device}.sim.tsv")
     done = {r.key for r in _check_results_file(out)}
     runs = [s for s in select_runs(args.config, args.only, args.max_devices) if s.key not in done]

@@ -7,9 +7,10 @@ For each selected line of the config it
   -m end2end.bench ... --profile DIR``: the driver, its timed steps, then one more step under
   ``torch.profiler`` on every rank; :mod:`end2end.driver.profiling`), ``R`` times, and reads
   rank 0's self time per op and the timed steps' median wall time;
-* simulates the same line's first rank (:func:`~end2end.simulate.microbatches.simulate_role`, in
+* simulates the same line's first rank
+(:func:`~end2end.simulate.engine.microbatches.simulate_role`, in
   a process of its own) and times every recorded op, collective and modelled runtime cost with
-  the ``cpu`` profile (:mod:`end2end.simulate.cpu_model`, :mod:`end2end.simulate.timing`);
+  the ``cpu`` profile (:mod:`end2end.simulate.cost.cpu_model`, :mod:`end2end.simulate.cost.timing`);
 * prints per op group (:data:`GROUPS`: GEMMs, convolutions, attention, softmax and masking,
   dropout, norms, copies, views, other elementwise, communication, autograd and runtime hooks,
   and "outside ATen": the step's wall time not covered by any profiled op) the measured and
@@ -108,9 +109,9 @@ def measured_groups(ops: Dict[str, dict], wall: float) -> Dict[str, Dict[str, fl
 
 def predicted_groups(result, profile, ranks_on_node: int) -> Dict[str, Dict[str, float]]:
     """Seconds, calls and per-op cost (``overhead``) per group of a simulated rank's step
-    (``result``: :class:`~end2end.simulate.step.RankResult`) on ``profile``; communication as
+    (``result``: :class:`~end2end.simulate.engine.step.RankResult`) on ``profile``; communication as
     the time model charges it (exposed and hidden)."""
-    from end2end.simulate.timing import collective_seconds
+    from end2end.simulate.cost.timing import collective_seconds
 
     model = profile.eager.for_ranks(ranks_on_node, profile.memory_bandwidth)
     out = _empty()
@@ -203,8 +204,8 @@ def predict_line(spec, profile):
     """The simulator's first rank of ``spec`` (in a process of its own) and the predicted step
     (seconds, as the row's ``step_time``)."""
     from end2end.spec.layout import run_layout
-    from end2end.simulate.microbatches import simulate_role
-    from end2end.simulate.run import _values
+    from end2end.simulate.engine.microbatches import simulate_role
+    from end2end.simulate.engine.run import _values
 
     layout = run_layout(spec)
     result = simulate_role(spec, layout, 0, False, isolate=True)
@@ -240,7 +241,7 @@ def _explain(args: argparse.Namespace) -> int:
     from slapo.errors import ConfigError
 
     from end2end.simulate.__main__ import select_runs
-    from end2end.simulate.profiles import get_profile
+    from end2end.simulate.calibration.cpu import device_profile
 
     runs = select_runs(args.config, args.only, 64)
     if not runs:
@@ -248,7 +249,7 @@ def _explain(args: argparse.Namespace) -> int:
                           call="end2end.simulate.explain",
                           hint="--only takes words of a run's label, e.g. --only deepspeed "
                                "--only cpu/bert")
-    profile = get_profile("cpu", args.calibration or None)
+    profile = device_profile("cpu", args.calibration or None)
     out = Path(args.out or tempfile.mkdtemp(prefix="slapo-explain-"))
     text = []
     for spec in runs:

@@ -6,7 +6,7 @@ prediction as one JSON line, the line ``slapo.autotune``'s ``predict`` command p
 
 The run is validated as the driver validates it (``make_run_spec``: the same errors as
 ``autotune.driver`` and a config line) and simulated in a worker process of its own
-(:func:`end2end.simulate.run.simulate_run`), so no fake world lives in this process.
+(:func:`end2end.simulate.engine.run.simulate_run`), so no fake world lives in this process.
 ``memory_gb`` is the predicted ``PerGPUMem`` (peak per rank, comparable with what the driver
 measures: on ``cpu`` the profile's calibrated RSS overhead included), ``samples_per_s`` the
 predicted throughput. ``status``: ``sim``; ``sim-oom`` when ``memory_gb`` exceeds
@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def prediction_line(values: Dict[str, Any], budget_gb: Optional[float]) -> Dict[str, Any]:
-    """The JSON line of a simulated row's fields (:func:`end2end.simulate.run.simulate_run`)."""
+    """The JSON line of a simulated row's fields
+    (:func:`end2end.simulate.engine.run.simulate_run`)."""
     status, error = values.get("status", "fail"), values.get("error", "")
     out: Dict[str, Any] = {"status": status, "error": error}
     if status in ("sim", "sim-oom"):
@@ -76,8 +77,8 @@ def prediction_line(values: Dict[str, Any], budget_gb: Optional[float]) -> Dict[
 
 def predict_one(args: argparse.Namespace) -> Dict[str, Any]:
     """Validate and simulate the run of ``args``; its prediction line."""
-    from end2end.simulate.profiles import get_profile
-    from end2end.simulate.run import simulate_run
+    from end2end.simulate.cost.profiles import get_profile
+    from end2end.simulate.engine.run import simulate_run
     from end2end.spec.config_file import make_run_spec
     from end2end.spec.knobs import format_knobs
 

@@ -239,7 +239,8 @@ def _prove(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
         sys.argv[1:] if argv is None else argv)
     calibration = args.calibration
     if args.calibrate:  # measured first, on the machine as the sweep will find it
-        from end2end.simulate.calibrate import cpu_profile, describe
+        from end2end.simulate.calibrate import describe
+        from end2end.simulate.calibration.cpu import cpu_profile
 
         calibration = calibration or str(out / "cpu_profile.json")
         print(describe(cpu_profile(calibration, recalibrate=True)), flush=True)

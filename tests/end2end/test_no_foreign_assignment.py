@@ -25,10 +25,10 @@ ALLOWED = {
     ("*", "matplotlib.rcParams"),
     # The simulator's GPU attention: the autograd engine does not carry a torch-function mode
     # into torch.utils.checkpoint's recomputation, and HF's modules call this function directly.
-    ("end2end/simulate/kernels.py", "F.scaled_dot_product_attention"),
+    ("end2end/simulate/cost/kernels.py", "F.scaled_dot_product_attention"),
     # The simulator's recorder follows FSDP2's storage resizes, which are no ATen op (as
     # torch.distributed._tools.MemTracker does, by the same assignment).
-    ("end2end/simulate/recorder.py", "torch.UntypedStorage.resize_"),
+    ("end2end/simulate/engine/recorder.py", "torch.UntypedStorage.resize_"),
 }
 
 

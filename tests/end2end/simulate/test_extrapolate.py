@@ -1,13 +1,13 @@
 """Micro-batch extrapolation of a step's work and peak memory from two recorded steps
-(end2end/simulate/microbatches.py), on synthetic records."""
+(end2end/simulate/engine/microbatches.py), on synthetic records."""
 
 from __future__ import annotations
 
 import pytest
 
-from end2end.simulate.microbatches import extrapolate
-from end2end.simulate.recorder import OpRecord
-from end2end.simulate.step import RankResult
+from end2end.simulate.engine.microbatches import extrapolate
+from end2end.simulate.cost.records import OpRecord
+from end2end.simulate.engine.step import RankResult
 
 GB = 10**9
 

@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from end2end.simulate.isolated import isolated
+from end2end.simulate.engine.isolated import isolated
 
 MODEL, SEQ = "tiny/bert", 64
 MODES = ("fsdp", "dtensor-tp")
@@ -30,8 +30,8 @@ def _spec(mode: str, n: int, model: str = MODEL):
 def _simulated_row(mode: str, n: int, model: str = MODEL) -> dict:
     """The simulated row of ``mode`` on ``n`` fake ranks (a GPU profile: its status, state
     bytes; in a process of its own, as the simulator runs it)."""
-    from end2end.simulate.profiles import get_profile
-    from end2end.simulate.run import simulate_in_process
+    from end2end.simulate.cost.profiles import get_profile
+    from end2end.simulate.engine.run import simulate_in_process
 
     row = simulate_in_process(_spec(mode, n, model), get_profile("v100-32gb"))
     return dict(status=row["status"], error=row["error"],
@@ -40,8 +40,8 @@ def _simulated_row(mode: str, n: int, model: str = MODEL) -> dict:
 
 def _simulated_cpu_rank0(mode: str) -> dict:
     """Rank 0 of ``mode`` on 2 fake ranks with this CPU's kernels (as the real run below)."""
-    from end2end.driver.bench import run_layout
-    from end2end.simulate.step import simulate_rank
+    from end2end.spec.layout import run_layout
+    from end2end.simulate.engine.step import simulate_rank
 
     spec = _spec(mode, 2)
     return simulate_rank(spec, run_layout(spec), 0, gpu=False).memory
@@ -162,10 +162,10 @@ def _grouped_mm_cases():
 
 def _grouped_mm_real_and_fake() -> list:
     """Per case: (shape, strides, dtype) or "refused", on real CPU tensors and in the fake
-    world (a process of its own: :mod:`end2end.simulate.isolated`)."""
+    world (a process of its own: :mod:`end2end.simulate.engine.isolated`)."""
     import torch
 
-    from end2end.simulate.fake_world import fake_world
+    from end2end.simulate.engine.fake_world import fake_world
 
     def describe(convert):
         out = []

@@ -1,7 +1,7 @@
 """The simulator's memory model against real small CPU runs of the driver.
 
 The simulated peak of live bytes on rank 0, through the ``cpu`` profile's calibrated relation
-of the measurement to live bytes (:func:`end2end.simulate.calibrate.memory_calibration`:
+of the measurement to live bytes (:func:`end2end.simulate.calibration.cpu.memory_calibration`:
 ``fixed + (1 + overhead) x simulated``, from two real runs of ``slapo cpu/bert`` at seq 256,
 another model and shape than the ones checked here), is within 25 % of the ``PerGPUMem`` the
 driver measures (RSS high-water mark over its baseline) for ``eager`` and ``slapo`` on
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from end2end.simulate.calibrate import measured_peak, memory_calibration
-from end2end.simulate.isolated import isolated
+from end2end.simulate.calibration.cpu import measured_peak, memory_calibration
+from end2end.simulate.engine.isolated import isolated
 
 MODEL, SEQ, BATCH = "cpu/llama", 128, 8
 
@@ -29,7 +29,7 @@ def test_simulated_peak_memory_is_close_to_a_real_cpu_run(tmp_path):
     errors = {}
     for mode, n in (("eager", 1), ("slapo", 1), ("slapo", 2)):
         real = measured_peak(mode, MODEL, n, SEQ, BATCH, tmp_path / f"{mode}{n}.tsv")
-        predicted = isolated("end2end.simulate.calibrate.simulated_peak", mode, MODEL, n, SEQ,
+        predicted = isolated("end2end.simulate.calibration.cpu.simulated_peak", mode, MODEL, n, SEQ,
                              BATCH) * (1 + overhead) + fixed
         errors[f"{mode} n={n}"] = predicted / real - 1
     print("predicted / measured - 1:", {k: f"{v:+.0%}" for k, v in errors.items()})

@@ -19,24 +19,24 @@ def _pipelined(mode: str):
 def summary(mode: str, rank: int, full: bool) -> dict:
     """Rank ``rank``'s simulated step (in full, or from 2 and 3 micro-batches): FLOPs, p2p
     bytes, V100 time, peak, extrapolation (run in a process of its own)."""
-    from end2end.driver.bench import run_layout
-    from end2end.simulate.microbatches import simulate_role
-    from end2end.simulate.profiles import get_profile
-    from end2end.simulate.step import simulate_rank
-    from end2end.simulate.timing import rank_seconds
+    from end2end.spec.layout import run_layout
+    from end2end.simulate.engine.microbatches import simulate_role
+    from end2end.simulate.cost.profiles import get_profile
+    from end2end.simulate.engine.step import simulate_rank
+    from end2end.simulate.cost.timing import rank_seconds
 
     spec = _pipelined(mode)
     layout = run_layout(spec)
     r = simulate_rank(spec, layout, rank) if full else simulate_role(spec, layout, rank)
     return dict(totals=r.totals, peak=r.memory["peak"], extrapolated=r.extrapolated,
-                microbatches=layout["microbatches"],
+                microbatches=layout.num_microbatches,
                 seconds=rank_seconds(r.ops, r.collectives, get_profile("v100-32gb"),
                                      set())["total"])
 
 
 @pytest.mark.parametrize("mode", ["slapo", "slapo-deepspeed"])
 def test_extrapolated_pipeline_stage_matches_the_full_simulation(mode):
-    from end2end.simulate.isolated import isolated
+    from end2end.simulate.engine.isolated import isolated
 
     here = "tests.end2end.simulate.test_microbatches.summary"
     for stage in (0, 1):
@@ -58,8 +58,8 @@ def test_extrapolated_pipeline_stage_matches_the_full_simulation(mode):
 
 
 def activation(seq: int, gpu: bool) -> int:
-    from end2end.driver.bench import run_layout
-    from end2end.simulate.step import simulate_rank
+    from end2end.spec.layout import run_layout
+    from end2end.simulate.engine.step import simulate_rank
 
     spec = make_run_spec("eager", "cpu/bert", 1, seq, 0, 8, "0", steps=1, warmup=0)
     return simulate_rank(spec, run_layout(spec), 0, gpu).memory["activation"]
@@ -70,7 +70,7 @@ def test_gpu_profiles_keep_no_attention_scores():
     scores (and their softmax and dropout mask) for the backward; CUDA's fused kernel keeps O(s)
     per row. What the GPU profile saves grows as s^2 and is at least one fp32 score tensor per
     layer (cpu/bert: 4 layers, 8 heads; batch 8)."""
-    from end2end.simulate.isolated import isolated
+    from end2end.simulate.engine.isolated import isolated
 
     act = {(s, g): isolated("tests.end2end.simulate.test_microbatches.activation", s, g)
            for s in (128, 256) for g in (False, True)}
@@ -88,8 +88,8 @@ def test_slapo_attention_with_dropout_runs_the_fused_kernel_on_gpu_profiles():
 
     from slapo.op import attention
 
-    from end2end.simulate.kernels import GpuAttention
-    from end2end.simulate.recorder import StepRecorder
+    from end2end.simulate.cost.kernels import GpuAttention
+    from end2end.simulate.engine.recorder import StepRecorder
 
     with FakeTensorMode():
         q, k, v = (torch.randn(2, 4, 128, 16, requires_grad=True) for _ in range(3))

@@ -53,7 +53,7 @@ def test_an_invalid_run_is_a_fail_line_and_usage_mistakes_exit_2(tmp_path, capsy
 def test_the_line_carries_the_simulators_numbers():
     """The command (its own process, a worker under it) and the simulator's run function give
     the same memory and throughput for the same run (a GPU profile: no calibration needed)."""
-    from end2end.simulate.run import simulate_run
+    from end2end.simulate.engine.run import simulate_run
     from end2end.spec.config_file import make_run_spec
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")

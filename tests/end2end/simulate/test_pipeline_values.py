@@ -1,6 +1,7 @@
 """Pipelines whose stages pass ints and shapes (GPT-2's ``output_shape``) in simulation: the
 unpacking nodes of a stage know the packed values that fake receive buffers do not carry
-(end2end/simulate/pipeline_values.py), and a GPT-2 pipeline simulates every stage, its FLOPs and
+(end2end/simulate/engine/pipeline_values.py), and a GPT-2 pipeline simulates every stage, its FLOPs
+and
 parameters adding up to the unpipelined model's."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from torch import fx
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from end2end.simulate.pipeline_values import KnownPackedValues, remember_packed_values
-from end2end.simulate.recorder import StepRecorder
+from end2end.simulate.engine.pipeline_values import KnownPackedValues, remember_packed_values
+from end2end.simulate.engine.recorder import StepRecorder
 from end2end.spec.config_file import make_run_spec
 
 from slapo.pipeline.values import RebuildTree, crossing, pack_value, unpack_value
@@ -40,7 +41,7 @@ def _stage_rebuilding_a_tree(how) -> fx.GraphModule:
 
 @pytest.fixture
 def fake(monkeypatch):
-    # as end2end.simulate.fake_world: small tensors made from Python data keep their values
+    # as end2end.simulate.engine.fake_world: small tensors made from Python data keep their values
     monkeypatch.setattr(fake_tensor, "CONSTANT_NUMEL_LIMIT", 64)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         yield mode
@@ -99,7 +100,7 @@ def test_gpt2_pipeline_simulates_every_stage_and_adds_up_to_the_whole():
     the whole's, parameters summing to the whole's plus the embedding tied to the last stage's
     head (each stage keeps a copy)."""
     from end2end.models import build_model
-    from end2end.simulate.run import simulate_run
+    from end2end.simulate.engine.run import simulate_run
 
     pipe = simulate_run(_gpt2(2, pp=2, micro_batch=2), "v100-32gb", timeout=300)
     whole = simulate_run(_gpt2(1), "v100-32gb", timeout=300)

@@ -39,9 +39,10 @@ def _batch(spec):
 
 def _fake_tp8() -> dict:
     """Rank 0 of the TP-8 run on fake tensors (in a process of its own: see
-    end2end/simulate/isolated.py; a fake world left in the test process corrupted its heap)."""
-    from end2end.driver.bench import run_layout
-    from end2end.simulate.step import simulate_rank
+    end2end/simulate/engine/isolated.py; a fake world left in the test process corrupted its
+    heap)."""
+    from end2end.spec.layout import run_layout
+    from end2end.simulate.engine.step import simulate_rank
 
     spec = _spec("slapo", 8)
     fake = simulate_rank(spec, run_layout(spec), 0)
@@ -57,7 +58,7 @@ def test_fake_tp8_parameters_and_shapes_match_a_real_tp2_run_scaled():
 
     from end2end.driver.measure import local_parameters
     from end2end.models import build_model
-    from end2end.simulate.isolated import isolated
+    from end2end.simulate.engine.isolated import isolated
 
     one = local_parameters(build_model(MODEL, device="meta"))  # the unsharded model
     two = run_distributed(_real_parameters, 2, 2)
@@ -81,8 +82,8 @@ def _refused_run(results: str) -> int:
 
 
 def _simulated_refusal() -> dict:
-    from end2end.simulate.profiles import get_profile
-    from end2end.simulate.run import simulate_in_process
+    from end2end.simulate.cost.profiles import get_profile
+    from end2end.simulate.engine.run import simulate_in_process
 
     spec = make_run_spec("eager", MODEL, 2, 64, 0, 4, "0", steps=1, warmup=0, pp=2)
     return simulate_in_process(spec, get_profile("v100-32gb"))
@@ -92,7 +93,7 @@ def test_a_line_refused_for_real_is_the_same_fail_row_in_simulation(tmp_path):
     from slapo.testing import run_distributed
 
     from end2end.results.store import read_results
-    from end2end.simulate.isolated import isolated
+    from end2end.simulate.engine.isolated import isolated
 
     real = tmp_path / "real.tsv"
     assert 1 in run_distributed(_refused_run, 2, str(real))

@@ -1,4 +1,4 @@
-"""The ``cpu`` time model (``end2end/simulate/cpu_model.py``, ``timing.py``) on synthetic
+"""The ``cpu`` time model (``end2end/simulate/cost/cpu_model.py``, ``timing.py``) on synthetic
 records, its calibration file, and what the recorder gives it (op names, views, the CPU's fused
 attention)."""
 
@@ -11,12 +11,12 @@ import math
 import pytest
 import torch
 
-from end2end.simulate.cpu_model import (Curve, EagerCpuModel, ThreadModel, interpolate,
+from end2end.simulate.cost.cpu_model import (Curve, EagerCpuModel, ThreadModel, interpolate,
                                         threads_per_rank)
-from end2end.simulate.recorder import OpRecord
-from end2end.simulate.timing import compute_seconds, rank_seconds
+from end2end.simulate.cost.records import OpRecord
+from end2end.simulate.cost.timing import compute_seconds, rank_seconds
 
-from end2end.simulate.calibrate import FORMAT
+from end2end.simulate.cost.profiles import FORMAT
 
 from slapo.errors import ConfigError
 
@@ -32,7 +32,7 @@ def _thread_model(threads: int, op_us: float = 10.0, peak: float = 1e11) -> Thre
 
 
 def _profile(one_thread: ThreadModel = None, all_cores: ThreadModel = None):
-    from end2end.simulate.profiles import PROFILES
+    from end2end.simulate.cost.profiles import PROFILES
 
     model = EagerCpuModel(2, {1: one_thread or _thread_model(1, peak=5e10),
                               2: all_cores or _thread_model(2, peak=1e11)})
@@ -91,7 +91,7 @@ def test_threads_per_rank_follow_how_the_sweep_launches():
     shared = rank_seconds(gemm, [], profile, set(), ranks_on_node=2)["total"]
     assert shared == pytest.approx(2 * alone, rel=0.05)  # one thread at half the rate
     # GPU profiles: views cost nothing and the thread count is irrelevant (unchanged model)
-    from end2end.simulate.profiles import PROFILES
+    from end2end.simulate.cost.profiles import PROFILES
 
     v100 = PROFILES["v100-32gb"]
     ops = gemm + [_op(view=True, name="t")] * 100
@@ -102,7 +102,7 @@ def test_ranks_share_dram_and_gloo_gets_no_spare_core():
     """Elementwise ops are capped at the rank's share of the machine's DRAM bandwidth; with
     every core running a rank nothing overlaps, and gloo's collectives have their measured
     bandwidth per kind."""
-    from end2end.simulate.recorder import CollectiveRecord
+    from end2end.simulate.cost.records import CollectiveRecord
 
     profile = dataclasses.replace(_profile(), memory_bandwidth=4e9)  # below the 1e10 curve
     big = [_op(nbytes=4e8, name="add")]
@@ -133,7 +133,7 @@ def _calibration_file(path, model: EagerCpuModel) -> str:
 
 
 def test_the_calibration_file_round_trips_and_an_old_one_is_refused(tmp_path):
-    from end2end.simulate.calibrate import cpu_profile
+    from end2end.simulate.calibration.cpu import cpu_profile
 
     model = dataclasses.replace(_profile().eager, runtime_seconds=ZERO3)
     profile = cpu_profile(_calibration_file(tmp_path / "cpu.json", model))
@@ -163,8 +163,8 @@ ZERO3 = {f"zero3.{what}.{phase}": scale * k for what, scale in
 
 
 def test_zero3_costs_are_charged_by_module_parameter_and_byte_counts_on_cpu_only():
-    from end2end.simulate.modelled import zero3_costs
-    from end2end.simulate.profiles import PROFILES
+    from end2end.simulate.engine.modelled import zero3_costs
+    from end2end.simulate.cost.profiles import PROFILES
 
     profile = _profile()
     profile = dataclasses.replace(profile, eager=dataclasses.replace(
@@ -187,7 +187,7 @@ def test_zero3_costs_are_charged_by_module_parameter_and_byte_counts_on_cpu_only
 def test_zero3_calibration_solves_its_three_models_back_to_the_costs():
     """:func:`calibrate_zero3.solve` on extra seconds made from known costs (and collectives
     the time model charges the bytes model, which it must take off) recovers the costs."""
-    from end2end.simulate.calibrate_zero3 import PHASES, _models, counts, solve
+    from end2end.simulate.calibration.zero3 import PHASES, _models, counts, solve
 
     n = {name: counts(build()) for name, (build, _) in _models().items()}
     comm = dict(forward=0.01, backward=0.02)
@@ -204,7 +204,7 @@ def test_zero3_calibration_solves_its_three_models_back_to_the_costs():
 def test_a_quick_measurement_has_every_curve_and_cost(tmp_path):
     """The calibration's code on small shapes (seconds): every number positive, the model
     usable, and a 1024 GEMM faster per FLOP than a 64 one."""
-    from end2end.simulate.calibrate_eager import measure_threads
+    from end2end.simulate.calibration.eager import measure_threads
 
     m = measure_threads(1, quick=True)
     assert set(m.gemm["float32"]) == {"mm", "bmm", "conv", "attention"}
@@ -220,7 +220,7 @@ def test_a_quick_measurement_has_every_curve_and_cost(tmp_path):
 
 
 def test_the_recorder_names_ops_records_views_and_counts_cpu_fused_attention():
-    from end2end.simulate.recorder import StepRecorder
+    from end2end.simulate.engine.recorder import StepRecorder
 
     q, k, v = (torch.randn(1, 2, 16, 8, requires_grad=True) for _ in range(3))
     with StepRecorder() as rec:
@@ -249,7 +249,7 @@ def test_zero3_costs_measured_with_a_real_engine_on_two_ranks():
     """The calibration's ZeRO-3 part for real (DeepSpeed on 2 gloo ranks, two timed steps per
     model): every cost present and finite, and DeepSpeed's module hooks cost something (they
     run Python per module in forward and backward)."""
-    from end2end.simulate.calibrate_zero3 import KEYS, measure_zero3
+    from end2end.simulate.calibration.zero3 import KEYS, measure_zero3
 
     costs = measure_zero3(dict(alpha_s=1e-4, collective_bandwidth=dict(allreduce=1e9)), steps=2)
     assert set(costs) == set(KEYS)
@@ -261,8 +261,8 @@ def test_eager_dropout_on_a_cpu_is_recorded_as_the_bernoulli_draw_the_calibratio
     """F.dropout on a CPU runs ``empty_like(x).bernoulli_(1 - p)``, ``div_``, ``mul``: the
     recorder sees ``bernoulli_`` (what the profile of BERT's ZeRO-3 step showed: 13 calls, 6 % of
     the step), and the calibration measures a slowdown under that name."""
-    from end2end.simulate.calibrate_eager import _elementwise_cases
-    from end2end.simulate.recorder import StepRecorder
+    from end2end.simulate.calibration.eager import _elementwise_cases
+    from end2end.simulate.engine.recorder import StepRecorder
 
     x = torch.randn(64, 512, requires_grad=True)
     with StepRecorder() as rec:
@@ -279,7 +279,7 @@ def test_eager_dropout_on_a_cpu_is_recorded_as_the_bernoulli_draw_the_calibratio
 
 
 def test_the_memory_relation_is_the_line_through_the_two_reference_runs():
-    from end2end.simulate.calibrate import affine_memory
+    from end2end.simulate.calibration.cpu import affine_memory
 
     # measured = 0.2 GB + 1.25 x simulated through both points, whichever order
     line = affine_memory([(0.2e9, 0.45e9), (0.6e9, 0.95e9)])

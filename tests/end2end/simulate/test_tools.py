@@ -23,8 +23,8 @@ slapo tiny/gpt2 1 32 0 4 0
 
 def _calibration_data() -> dict:
     """A cpu profile in the cache's format (the proof's plumbing is tested, not the machine)."""
-    from end2end.simulate.calibrate import FORMAT
-    from end2end.simulate.cpu_model import EagerCpuModel
+    from end2end.simulate.cost.profiles import FORMAT
+    from end2end.simulate.cost.cpu_model import EagerCpuModel
 
     eager = EagerCpuModel.constant(2, flops=1e11, bandwidth=1e10, op_seconds=1e-5)
     return dict(flops=dict(float32=1e11, bfloat16=1e11, float16=1e11), memory_bandwidth=1e10,

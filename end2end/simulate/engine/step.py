@@ -2,13 +2,13 @@
 
 :func:`simulate_rank` takes a validated :class:`~end2end.spec.runspec.RunSpec` and its layout
 (:func:`end2end.spec.layout.run_layout`, which raises the same ``ConfigError`` as a real run),
-enters :func:`~end2end.simulate.fake_world.fake_world` as one global rank, and builds the run
+enters :func:`~end2end.simulate.engine.fake_world.fake_world` as one global rank, and builds the run
 exactly as the driver does (:func:`end2end.driver.assemble.build_runner`: zoo model, schedule and
 knobs, ``make_runner`` and the mode's builder), except for the runtimes that cannot run on fake
-tensors, whose builders the run's builder table takes from :mod:`end2end.simulate.modelled`
+tensors, whose builders the run's builder table takes from :mod:`end2end.simulate.engine.modelled`
 (``make_runner(builders=...)``: the driver's own table is not touched). Then one
 training step (forward, backward, optimizer step: ``runner.train_step``) runs under
-:class:`~end2end.simulate.recorder.StepRecorder` which also follows the memory. A pipeline
+:class:`~end2end.simulate.engine.recorder.StepRecorder` which also follows the memory. A pipeline
 stage's schedule is built first, unrecorded, as a real run builds it in its warm-up
 (:func:`build_pipeline_schedule`, through the runtime's public ``prepare``).
 """
@@ -21,7 +21,8 @@ from typing import Any, Dict, List
 
 import torch
 
-from end2end.simulate.recorder import CollectiveRecord, OpRecord, StepRecorder, rank_local
+from end2end.simulate.cost.records import CollectiveRecord, OpRecord
+from end2end.simulate.engine.recorder import StepRecorder, rank_local
 
 __all__ = ["RankResult", "simulate_rank", "simulate_rank_isolated", "rank_result_from_json",
            "build_pipeline_schedule"]
@@ -33,7 +34,7 @@ class RankResult:
     ``param``, ``grad``, ``optstate``, ``activation``, ``peak``), its parameters (elements) and
     what the modelled runtime (if any) added (``modelled``: a short text, "" when the real
     runtime ran); ``extrapolated`` says how a many-micro-batch step was derived
-    (:mod:`end2end.simulate.microbatches`; empty when simulated as it is)."""
+    (:mod:`end2end.simulate.engine.microbatches`; empty when simulated as it is)."""
 
     rank: int
     ops: List[OpRecord]
@@ -76,13 +77,13 @@ def _state_tensors(runner) -> Dict[str, List[Any]]:
 
 def simulate_rank(spec, layout, rank: int, gpu: bool = False) -> RankResult:
     """Build and step global rank ``rank`` of ``spec`` on a fake world of ``spec.n`` ranks;
-    ``gpu``: attention runs as CUDA's fused kernel (:mod:`end2end.simulate.kernels`), else as
+    ``gpu``: attention runs as CUDA's fused kernel (:mod:`end2end.simulate.cost.kernels`), else as
     on this CPU."""
     from end2end.driver.assemble import build_runner, rank_batch
     from end2end.driver.measure import local_parameters
-    from end2end.simulate.fake_world import fake_world
-    from end2end.simulate.kernels import GpuAttention
-    from end2end.simulate.modelled import Modelled
+    from end2end.simulate.engine.fake_world import fake_world
+    from end2end.simulate.cost.kernels import GpuAttention
+    from end2end.simulate.engine.modelled import Modelled
 
     from slapo.runtime.distributed import init_distributed
 
@@ -124,9 +125,9 @@ def build_pipeline_schedule(runner, batch) -> bool:
     does that in its warm-up, outside the measured steps, so the recorded step here is the
     steady one; the build runs under a recorder of its own (discarded) so that fake reads behave
     as in the step. On the way the stage's unpacking of ints and shapes received packed in tensors
-    learns their values (:mod:`end2end.simulate.pipeline_values`), which the fake receive
+    learns their values (:mod:`end2end.simulate.engine.pipeline_values`), which the fake receive
     buffers do not carry."""
-    from end2end.simulate.pipeline_values import remember_packed_values
+    from end2end.simulate.engine.pipeline_values import remember_packed_values
 
     from slapo.dialects.torch_pipeline import PipelineModel
 
@@ -174,9 +175,9 @@ def rank_result_from_json(data: Dict[str, Any]) -> RankResult:
 
 def simulate_rank_isolated(spec, layout, rank: int, gpu: bool = False
                            ) -> RankResult:
-    """:func:`simulate_rank` in a fresh process (:mod:`end2end.simulate.isolated`): for a run
+    """:func:`simulate_rank` in a fresh process (:mod:`end2end.simulate.engine.isolated`): for a run
     that needs several simulations (pipeline stages, micro-batch extrapolation)."""
-    from end2end.simulate.isolated import isolated
+    from end2end.simulate.engine.isolated import isolated
 
-    return rank_result_from_json(isolated("end2end.simulate.step._rank_json",
+    return rank_result_from_json(isolated("end2end.simulate.engine.step._rank_json",
                                           spec.to_json(), layout.as_record(), rank, gpu))

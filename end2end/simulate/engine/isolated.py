@@ -4,7 +4,7 @@
 A process should simulate one run only: the runtimes keep global state (megatron-core's parallel
 state, process groups, caches of fake tensors) and several fake worlds in one process have been
 seen to corrupt the heap (glibc aborts in a later, unrelated allocation). ``python -m
-end2end.simulate`` therefore starts a worker per run (:mod:`end2end.simulate.worker`); the
+end2end.simulate`` therefore starts a worker per run (:mod:`end2end.simulate.engine.worker`); the
 calibration and the tests use this helper for their own simulations.
 """
 

@@ -25,43 +25,16 @@ DTensor".
 
 from __future__ import annotations
 
-import dataclasses
 import weakref
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from end2end.simulate.cost.records import CollectiveRecord, OpRecord, work_totals  # re-exported
+
 __all__ = ["OpRecord", "CollectiveRecord", "StepRecorder", "work_totals", "rank_local"]
-
-
-@dataclasses.dataclass(frozen=True)
-class OpRecord:
-    """One kernel: FLOPs, bytes read + written, dtype name, phase; ``weight``: how many times it
-    counts (1 as recorded; micro-batch extrapolation, :mod:`end2end.simulate.microbatches`,
-    weighs whole recorded steps)."""
-
-    flops: int
-    bytes: int
-    dtype: str
-    phase: str
-    weight: float = 1.0
-    name: str = ""  # the ATen op (overload packet), e.g. "addmm", "_softmax"
-    view: bool = False  # a view (moves nothing; eager PyTorch still dispatches it)
-
-
-@dataclasses.dataclass(frozen=True)
-class CollectiveRecord:
-    """One collective: kind (``allreduce``, ``allgather``, ...), bytes of this rank's tensor,
-    the group's size and global ranks, phase; ``weight`` as for :class:`OpRecord`."""
-
-    kind: str
-    bytes: int
-    group_size: int
-    ranks: Tuple[int, ...]
-    phase: str
-    weight: float = 1.0
 
 
 _SCALAR = torch.ops.aten._local_scalar_dense.default
@@ -118,7 +91,7 @@ class StepRecorder(TorchDispatchMode):
         from torch.distributed._tools.fake_collectives import collective_ops, sync_ops
         from torch.utils.flop_counter import flop_registry
 
-        from end2end.simulate.op_flops import EXTRA_FLOPS
+        from end2end.simulate.cost.op_flops import EXTRA_FLOPS
 
         self.ops: List[OpRecord] = []
         self.collectives: List[CollectiveRecord] = []
@@ -247,15 +220,3 @@ class StepRecorder(TorchDispatchMode):
     def totals(self) -> Dict[str, float]:
         """FLOPs and bytes per phase, collectives' bytes per kind (for the row's JSON)."""
         return work_totals(self.ops, self.collectives)
-
-
-def work_totals(ops, collectives) -> Dict[str, float]:
-    """FLOPs and bytes per phase, collectives' bytes and calls per kind, weights applied."""
-    out: Dict[str, float] = {}
-    for op in ops:
-        out[f"flops_{op.phase}"] = out.get(f"flops_{op.phase}", 0) + op.flops * op.weight
-        out[f"bytes_{op.phase}"] = out.get(f"bytes_{op.phase}", 0) + op.bytes * op.weight
-    for c in collectives:
-        out[f"comm_{c.kind}_bytes"] = out.get(f"comm_{c.kind}_bytes", 0) + c.bytes * c.weight
-        out[f"comm_{c.kind}_calls"] = out.get(f"comm_{c.kind}_calls", 0) + c.weight
-    return out

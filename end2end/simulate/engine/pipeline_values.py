@@ -6,14 +6,15 @@ the last one. Across a pipeline cut such a value travels packed into a small ``i
 (:func:`slapo.pipeline.values.pack_value`) that the receiving stage unpacks
 (``unpack_value``, :class:`~slapo.pipeline.values.RebuildTree`). In simulation the tensors a
 stage receives are the runtime's receive buffers, which the fake process group never fills:
-fake tensors without data, whose entries read as 1 (:mod:`end2end.simulate.recorder`), so a
+fake tensors without data, whose entries read as 1 (:mod:`end2end.simulate.engine.recorder`), so a
 GPT-2 stage after a cut viewed its output as ``[1, 1, 1]`` and failed.
 
 A real stage learns these values by receiving them. A simulated one learns them as the
 runtime's own first step lets it: :class:`slapo.pipeline.runner.PipelineRunner` runs the stages
 before this rank's once, in this process, on one micro-batch, to derive the stage's example
 inputs; there the packed values are small constants that fake mode keeps
-(:mod:`end2end.simulate.fake_world`). :func:`remember_packed_values` makes every unpacking node
+(:mod:`end2end.simulate.engine.fake_world`). :func:`remember_packed_values` makes every unpacking
+node
 of the stage's graph keep the packed tensors it saw carrying values and use them in place of
 received ones that carry none. Every micro-batch has the shapes of the first, so these are the
 values a real stage receives. Only the simulated process's copy of the stage changes: a packed

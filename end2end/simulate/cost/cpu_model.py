@@ -47,7 +47,7 @@ Points = Tuple[Tuple[float, float], ...]
 
 #: costs of a runtime outside the ops the simulator records, charged per unit (the record's
 #: ``weight``) at the measured seconds of ``<name>.<phase>``: DeepSpeed ZeRO-3's Python per hooked
-#: module, per parameter and per parameter byte (:mod:`end2end.simulate.calibrate_zero3`)
+#: module, per parameter and per parameter byte (:mod:`end2end.simulate.calibration.zero3`)
 RUNTIME_COSTS = ("zero3.module", "zero3.param", "zero3.byte")
 
 #: ATen op name -> the GEMM curve it uses (other ops with FLOPs use ``mm``)
@@ -129,7 +129,7 @@ class ThreadModel:
         return (curves.get(kind) or curves["mm"])(flops)
 
     def op_time(self, op) -> float:
-        """Seconds of one :class:`~end2end.simulate.recorder.OpRecord` (module docstring)."""
+        """Seconds of one :class:`~end2end.simulate.engine.recorder.OpRecord` (module docstring)."""
         if op.view:
             return self.view_seconds.get(op.phase, 0.0)
         if op.name in RUNTIME_COSTS:  # a modelled runtime's cost: seconds per unit (weight)
@@ -189,7 +189,7 @@ class EagerCpuModel:
     collective_bandwidth: Dict[str, float] = dataclasses.field(default_factory=dict)
     #: ``zero3.<module|param|byte>.<phase>`` -> seconds per hooked module / parameter /
     #: parameter byte per step that DeepSpeed ZeRO-3 adds on a rank of 2 local ranks with one
-    #: thread each (:mod:`end2end.simulate.calibrate_zero3`); empty: not measured (costs 0)
+    #: thread each (:mod:`end2end.simulate.calibration.zero3`); empty: not measured (costs 0)
     runtime_seconds: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     def overlaps(self, ranks_on_node: int) -> bool:

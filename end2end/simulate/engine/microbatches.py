@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from end2end.simulate.step import RankResult, simulate_rank, simulate_rank_isolated
+from end2end.simulate.engine.step import RankResult, simulate_rank, simulate_rank_isolated
 
 __all__ = ["simulate_role", "extrapolate", "in_flight"]
 
@@ -58,7 +58,7 @@ def extrapolate(one: RankResult, two: RankResult, m: int, held: int) -> RankResu
     memory["peak"] = max(one.memory["peak"] + (held - FIRST) * growth, states)
     memory["activation"] = max(0, memory["peak"] - states)
     memory["per_microbatch"] = growth
-    from end2end.simulate.recorder import work_totals
+    from end2end.simulate.cost.records import work_totals
 
     return dataclasses.replace(two, ops=ops, collectives=comms, memory=memory,
                                totals=work_totals(ops, comms),
@@ -69,9 +69,10 @@ def extrapolate(one: RankResult, two: RankResult, m: int, held: int) -> RankResu
 
 def simulate_role(spec, layout, rank: int, gpu: bool = False,
                   isolate: bool = False) -> RankResult:
-    """Global rank ``rank``'s step (:func:`~end2end.simulate.step.simulate_rank`), with at most
+    """Global rank ``rank``'s step (:func:`~end2end.simulate.engine.step.simulate_rank`), with at
+    most
     three micro-batches simulated (module docstring). A process simulates one step only
-    (:mod:`end2end.simulate.isolated`): the two short steps, and the step itself when
+    (:mod:`end2end.simulate.engine.isolated`): the two short steps, and the step itself when
     ``isolate`` (the run has several roles), run in processes of their own."""
     m = layout.num_microbatches
     if m <= FIRST + 1:

@@ -20,14 +20,15 @@ engine holds it), and replaces what ZeRO-3 changes by its model (:func:`zero3_me
 * its Python outside the recorded ops (:func:`zero3_costs`): per phase, the rank's hooked
   modules (every module of the model), parameters and parameter bytes, charged on the ``cpu``
   profile at the seconds per module / parameter / byte measured with a real ZeRO-3 engine
-  (:mod:`end2end.simulate.calibrate_zero3`); GPU profiles charge nothing for them.
+  (:mod:`end2end.simulate.calibration.zero3`); GPU profiles charge nothing for them.
 
 Pipelines (``--pp`` > 1) of ``slapo-deepspeed`` run as DeepSpeed pipelines; the simulator builds
 the same schedule with the same stage cuts and runs the rank's stage on slapo's torch pipeline
 (:mod:`slapo.dialects.torch_pipeline`) instead, on fake tensors: its stage's parameters,
 activations for the same micro-batches and its point-to-point transfers are the ones recorded;
 the peak memory counts the micro-batches DeepSpeed's 1F1B order keeps in flight on the stage,
-``min(M, P - stage)`` (:mod:`end2end.simulate.microbatches`), and in fp16/bf16 the stage is cast
+``min(M, P - stage)`` (:mod:`end2end.simulate.engine.microbatches`), and in fp16/bf16 the stage is
+cast
 as DeepSpeed's engine holds it, with its optimizer states (ZeRO stage 0: fp32 master weights and
 two fp32 moments, ``12 x P`` bytes) in place of the simulated AdamW's. The rows say
 ``modelled: ...`` in their JSON ``extra`` and the docs (docs/simulate.md) list this.
@@ -39,7 +40,7 @@ import dataclasses
 from typing import Any, List, Optional
 
 
-from end2end.simulate.recorder import CollectiveRecord, OpRecord
+from end2end.simulate.cost.records import CollectiveRecord, OpRecord
 
 __all__ = ["Modelled", "zero3_memory", "zero3_collectives",
            "zero3_costs", "PREFETCH_ELEMENTS", "REDUCE_BUCKET_ELEMENTS"]
@@ -105,6 +106,7 @@ class Modelled:
             return cls(spec, layout, "DeepSpeed pipeline simulated as slapo's torch pipeline "
                        "of the same stages; memory for 1F1B's min(M, P - stage) micro-batches "
                        "in flight", default_builders().replace(pipeline=_torch_pipeline))
+        # the rows' text, kept as committed results have it (the module's path before issue 34)
         return cls(spec, layout, "ZeRO-3 modelled: states / DP, prefetched all-gathers, "
                    "reduce-scatter (end2end.simulate.modelled)",
                    default_builders().replace({spec.mode: _zero3_builder}))

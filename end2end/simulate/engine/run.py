@@ -4,7 +4,7 @@ fake tensors, the time model applied, and the row it gets.
 A run's roles: tensor-parallel ranks of a stage do the same work and data-parallel replicas the
 same, so one rank per pipeline stage is simulated (global rank ``s x TP x DP`` of stage ``s``:
 the world is laid out TP x DP x PP, :class:`end2end.spec.layout.Layout`). Each run is simulated in a
-process of its own (``python -m end2end.simulate.worker``): runtimes keep global state
+process of its own (``python -m end2end.simulate.engine.worker``): runtimes keep global state
 (megatron-core's parallel state), and a fresh process returns its memory.
 
 Outcomes: ``sim`` (predicted to fit), ``sim-oom`` (predicted peak per rank, plus the profile's
@@ -31,7 +31,7 @@ def simulate_in_process(spec, profile) -> Dict[str, Any]:
     ``extra``). A failure is a ``fail`` row (or ``oom``: an OOM raised while building)."""
     from end2end.driver.measure import is_oom
     from end2end.spec.layout import run_layout
-    from end2end.simulate.microbatches import simulate_role
+    from end2end.simulate.engine.microbatches import simulate_role
 
     began = time.perf_counter()
     try:
@@ -51,7 +51,7 @@ def simulate_in_process(spec, profile) -> Dict[str, Any]:
 def _values(spec, layout, results, profile) -> Dict[str, Any]:
     """The row's fields from the simulated ranks and the time model."""
     from end2end.models.flops import mfu, tflops_per_rank, train_flops_per_sample
-    from end2end.simulate.timing import overlapped_kinds, rank_seconds, step_seconds
+    from end2end.simulate.cost.timing import overlapped_kinds, rank_seconds, step_seconds
 
     info = spec.mode_info
     kinds = overlapped_kinds(info.framework, info.slapo)
@@ -100,7 +100,7 @@ def _collective_summary(collectives, overlapped) -> List[Dict[str, Any]]:
 def simulate_run(spec, profile_name: str, calibration: str = "", timeout: float = 900
                  ) -> Dict[str, Any]:
     """Simulate ``spec`` in a worker process (see the module docstring); the row's fields."""
-    cmd = [sys.executable, "-m", "end2end.simulate.worker", profile_name, calibration]
+    cmd = [sys.executable, "-m", "end2end.simulate.engine.worker", profile_name, calibration]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                CUDA_VISIBLE_DEVICES="")
     try:

@@ -1,7 +1,8 @@
 """Measure what DeepSpeed ZeRO-3 costs per step beyond the ops the simulator records.
 
 The simulator runs a ``deepspeed``/``slapo-deepspeed`` line as the same model on plain PyTorch
-and adds ZeRO-3 by a model (:mod:`end2end.simulate.modelled`): states, working set, collectives.
+and adds ZeRO-3 by a model (:mod:`end2end.simulate.engine.modelled`): states, working set,
+collectives.
 A real ZeRO-3 step also runs DeepSpeed's Python per module (pre/post forward and backward hooks:
 fetch, gather, release, the trace of the prefetch coordinator), per parameter (the gradient
 hook that copies each gradient into the reduce bucket, partition bookkeeping) and per byte
@@ -23,7 +24,8 @@ difference of the median step times is DeepSpeed's extra:
   charges them (the gloo bandwidths measured beside, so they are not counted twice).
 
 Solved per phase: seconds per hooked module, per parameter and per parameter byte
-(:data:`KEYS`), each at least 0. Applied by :func:`end2end.simulate.modelled.zero3_costs` from
+(:data:`KEYS`), each at least 0. Applied by :func:`end2end.simulate.engine.modelled.zero3_costs`
+from
 the rank's counts. The optimizer step of ZeRO-3 runs on the rank's partition only; what that
 saves against the full AdamW step the simulator records is not credited (clamped at 0).
 """
@@ -149,8 +151,8 @@ def bytes_model_comm(profile_comm: Dict[str, float]) -> Dict[str, float]:
     """Seconds per phase of ZeRO-3's collectives on the ``bytes`` model as the time model
     charges them (``profile_comm``: ``alpha_s`` and ``collective_bandwidth`` of the
     calibration)."""
-    from end2end.simulate.modelled import zero3_collectives
-    from end2end.simulate.timing import ring_factor, ring_steps
+    from end2end.simulate.engine.modelled import zero3_collectives
+    from end2end.simulate.cost.timing import ring_factor, ring_steps
 
     build, _ = _models()["bytes"]
     params = counts(build())["byte"] // 4
@@ -166,8 +168,7 @@ def bytes_model_comm(profile_comm: Dict[str, float]) -> Dict[str, float]:
 def measure_zero3(profile_comm: Dict[str, float], steps: int = STEPS) -> Dict[str, float]:
     """ZeRO-3's extra seconds per module, parameter and byte per phase (module docstring),
     measured on 2 gloo ranks (rank 0's; ``profile_comm``: see :func:`bytes_model_comm`)."""
-    from slapo.testing import run_distributed
+    from end2end.simulate.calibration.local_ranks import on_local_ranks
 
-    results = run_distributed(_worker, 2, steps, timeout=600, threads=1)
-    extra = results[0] if isinstance(results, list) else results
+    extra = on_local_ranks(_worker, 2, steps, timeout=600, threads=1)[0]
     return solve(extra, bytes_model_comm(profile_comm))

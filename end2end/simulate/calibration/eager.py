@@ -1,8 +1,9 @@
-"""Measure the eager-PyTorch model of this CPU (:class:`~end2end.simulate.cpu_model.EagerCpuModel`)
+"""Measure the eager-PyTorch model of this CPU
+(:class:`~end2end.simulate.cost.cpu_model.EagerCpuModel`)
 for each thread count the simulator needs (1, and every core for 1-rank runs).
 
 Every quantity is counted as the simulator counts it: each measured call runs once under the
-simulator's own recorder (:class:`~end2end.simulate.recorder.StepRecorder`), which gives its
+simulator's own recorder (:class:`~end2end.simulate.engine.recorder.StepRecorder`), which gives its
 FLOPs, bytes and recorded ops, and is then timed without it (the median over repeated calls
 after a warm-up). What each number means (all per thread count):
 
@@ -40,7 +41,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-from end2end.simulate.cpu_model import Curve, EagerCpuModel, ThreadModel
+from end2end.simulate.cost.cpu_model import Curve, EagerCpuModel, ThreadModel
 
 __all__ = ["measure_eager", "MM_SHAPES", "QUICK"]
 
@@ -76,7 +77,7 @@ def _seconds(fn: Callable[[], object], budget: float) -> float:
 
 def _recorded(fn: Callable[[], object]):
     """The simulator's records of one call of ``fn``."""
-    from end2end.simulate.recorder import StepRecorder
+    from end2end.simulate.engine.recorder import StepRecorder
 
     with StepRecorder() as rec:
         fn()

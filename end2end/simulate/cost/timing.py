@@ -2,7 +2,7 @@
 
 * Each kernel on a GPU profile: ``max(FLOPs / (peak(dtype) x gemm_efficiency), bytes / (HBM x
   memory_efficiency)) + kernel_overhead`` (a roofline per op; views cost nothing).
-* Each op on the ``cpu`` profile: the eager-PyTorch model of :mod:`end2end.simulate.cpu_model`
+* Each op on the ``cpu`` profile: the eager-PyTorch model of :mod:`end2end.simulate.cost.cpu_model`
   (``max(flops / rate(kind, flops), bytes / bandwidth(op, bytes)) + per-op cost``, views their
   own measured cost), with the threads a rank has: all cores for a 1-rank run, one per rank
   when several ranks share the machine (``ranks_on_node``; torchrun's ``OMP_NUM_THREADS=1``).
@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Set, Tuple
 
-from end2end.simulate.cpu_model import RUNTIME_COSTS
-from end2end.simulate.profiles import DeviceProfile
-from end2end.simulate.recorder import CollectiveRecord, OpRecord
+from end2end.simulate.cost.cpu_model import RUNTIME_COSTS
+from end2end.simulate.cost.profiles import DeviceProfile
+from end2end.simulate.cost.records import CollectiveRecord, OpRecord
 
 __all__ = ["OVERLAPPED", "overlapped_kinds", "compute_seconds", "collective_seconds",
            "rank_seconds", "step_seconds", "ring_factor", "ring_steps"]
