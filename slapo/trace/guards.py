@@ -13,21 +13,25 @@ path raises :class:`~slapo.errors.TraceError` instead of silently computing some
   guard re-evaluates the condition on every call. (Data-dependent conditions cost what they
   cost in eager mode: a device synchronisation.)
 * :func:`check_number`: a traced value turned into a Python number (``len(x)``, ``int(n)``,
-  ``__index__``): a batch or sequence size fixed in the graph is checked on every call.
+  ``__index__``): a batch or sequence size fixed in the graph is checked on every call;
+* :func:`check_global_state`: grad mode, inference mode and autocast as the model code read
+  them while tracing (``torch.is_autocast_enabled()`` in GPT-Neo's attention).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 from typing import Any, Dict, Optional, Tuple
 
+import torch
 from torch.fx.node import has_side_effect
 
 from ..errors import TraceError
 
 __all__ = ["check_specialized", "check_kwargs", "check_branch", "check_number",
-           "model_source_site"]
+           "record_global_reads", "check_global_state", "model_source_site"]
 
 _RETRACE = "re-trace with inputs like the ones you run"
 
@@ -78,7 +82,59 @@ def check_number(value: Any, expected: Any, site: str, of_len: bool = False) -> 
             "computing it a leaf (trace(leaves=[...]))")
 
 
+_GLOBAL_STATE = ("is_grad_enabled", "is_inference_mode_enabled", "is_autocast_enabled",
+                 "get_autocast_dtype", "get_autocast_gpu_dtype")
+
+
+class record_global_reads:  # a context manager used like a function
+    """Inside the block, calls of ``torch.is_grad_enabled``, ``torch.is_inference_mode_enabled``
+    and the autocast queries *from model code* (not torch's or slapo's own) are appended to
+    ``sink`` as ``(name, args, value)``: the traced graph fixes what they answered."""
+
+    def __init__(self, sink: list):
+        self.sink = sink
+        self.saved: Dict[str, Any] = {}
+
+    def _recording(self, name: str, fn: Any) -> Any:
+        def read(*args: Any) -> Any:
+            value = fn(*args)
+            caller = sys._getframe(1).f_code.co_filename.replace("\\", "/")
+            if "/torch/" not in caller and not caller.startswith(_SLAPO_PACKAGE):
+                entry = (name, tuple(args), value)
+                if entry not in self.sink:
+                    self.sink.append(entry)
+            return value
+        return read
+
+    def __enter__(self) -> None:
+        for name in _GLOBAL_STATE:
+            fn = getattr(torch, name, None)
+            if fn is not None:
+                self.saved[name] = fn
+                setattr(torch, name, self._recording(name, fn))
+
+    def __exit__(self, *exc: Any) -> None:
+        for name, fn in self.saved.items():
+            setattr(torch, name, fn)
+
+
+@has_side_effect
+def check_global_state(reads: Tuple[Tuple[str, tuple, Any], ...], path: str) -> None:
+    """Guard for grad mode, inference mode and autocast as the model code read them when the
+    module was traced (:class:`record_global_reads`)."""
+    for name, args, value in reads:
+        now = getattr(torch, name)(*args)
+        if now != value:
+            call = f"torch.{name}({', '.join(map(repr, args))})"
+            raise TraceError(
+                f"'{path or '<root>'}' read {call} = {value!r} when it was traced but it is "
+                f"{now!r} now; the traced graph fixed the answer",
+                hint="trace under the grad mode / autocast you run in, or make the module that "
+                "reads it a leaf (trace(leaves=[...]))")
+
+
 _TRACE_PACKAGE = os.path.dirname(os.path.abspath(__file__)).replace("\\", "/") + "/"
+_SLAPO_PACKAGE = os.path.dirname(_TRACE_PACKAGE.rstrip("/")) + "/"
 
 
 def model_source_site(frames: Optional[traceback.StackSummary] = None) -> str:

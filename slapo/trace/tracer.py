@@ -47,8 +47,8 @@ from torch.fx.proxy import Attribute
 
 from ..errors import TraceError
 from ..runtime.forward_wrap import copy_forward_wrappers, forward_wrappers, move_hooks
-from .guards import (check_branch, check_kwargs, check_number, check_specialized,
-                     model_source_site)
+from .guards import (check_branch, check_global_state, check_kwargs, check_number,
+                     check_specialized, model_source_site, record_global_reads)
 from .leaf_calls import leaf_callables
 from .modes import merge_modes, trace_in_both_modes, unchanged_buffers
 from .original import keep_original
@@ -168,6 +168,7 @@ class ValueTracer(fx.Tracer):
         self._is_leaf = is_leaf
         self.child_inputs: Dict[str, Inputs] = {}  # leaf path -> inputs of its first call
         self._ph_vals: Dict[str, Any] = {}
+        self.global_reads: List[Tuple[str, tuple, Any]] = []  # grad mode, autocast queries
 
     # ------------------------------------------------------------------ fx hooks
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -354,6 +355,7 @@ def trace_module(
 
     other, graph = trace_in_both_modes(mod, trace_once)
     merge_modes(graph, other, mod.training, path)
+    _guard_global_state(graph, tracers[-1].global_reads, path)
     gm = _graph_module(mod, graph)
     return gm, tracers[-1].child_inputs
 
@@ -363,7 +365,8 @@ def _trace_graph(tracer: "ValueTracer", mod: nn.Module, path: str) -> fx.Graph:
     state = torch.random.get_rng_state()
     try:
         with torch.random.fork_rng(devices=[]), unchanged_buffers(mod), meta_stand_ins(mod), \
-                isinstance_sees_values(ValueProxy), leaf_callables(mod):
+                isinstance_sees_values(ValueProxy), leaf_callables(mod), \
+                record_global_reads(tracer.global_reads):
             graph = tracer.trace(mod)
     except TraceError as e:
         e.path = path
@@ -382,6 +385,17 @@ def _trace_graph(tracer: "ValueTracer", mod: nn.Module, path: str) -> fx.Graph:
         if node.name == "self":
             node._rename("self_out")
     return graph
+
+
+def _guard_global_state(graph: fx.Graph, reads: list, path: str) -> None:
+    """One guard after the placeholders for the grad-mode / autocast answers the trace fixed."""
+    if not reads:
+        return
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    where = (graph.inserting_after(placeholders[-1]) if placeholders
+             else graph.inserting_before(next(iter(graph.nodes))))
+    with where:
+        graph.call_function(check_global_state, (tuple(reads), path))
 
 
 _PURE_FUNCS = {getattr, operator.getitem, operator.gt, operator.lt, operator.ge, operator.le,
