@@ -46,12 +46,12 @@ from torch.fx.immutable_collections import immutable_dict
 from torch.fx.proxy import Attribute
 
 from ..errors import TraceError
-from ..runtime.forward_wrap import copy_forward_wrappers, forward_wrappers, move_hooks
-from .guards import (check_branch, check_global_state, check_kwargs, check_number,
-                     check_specialized, model_source_site, record_global_reads)
+from ..runtime.forward_wrap import forward_wrappers
+from .graph_module import drop_dead_reads, graph_module, guard_global_state
+from .guards import (check_branch, check_kwargs, check_number, check_specialized,
+                     model_source_site, record_global_reads)
 from .leaf_calls import leaf_callables
 from .modes import merge_modes, trace_in_both_modes, unchanged_buffers
-from .original import keep_original
 from .stand_ins import meta_stand_ins
 from .type_checks import isinstance_sees_values
 
@@ -355,8 +355,8 @@ def trace_module(
 
     other, graph = trace_in_both_modes(mod, trace_once)
     merge_modes(graph, other, mod.training, path)
-    _guard_global_state(graph, tracers[-1].global_reads, path)
-    gm = _graph_module(mod, graph)
+    guard_global_state(graph, tracers[-1].global_reads, path)
+    gm = graph_module(mod, graph)
     return gm, tracers[-1].child_inputs
 
 
@@ -380,70 +380,11 @@ def _trace_graph(tracer: "ValueTracer", mod: nn.Module, path: str) -> fx.Graph:
         ) from e
     finally:
         torch.random.set_rng_state(state)
-    _drop_dead_reads(graph)
+    drop_dead_reads(graph)
     for node in graph.nodes:  # a node named `self` would shadow the forward's `self`
         if node.name == "self":
             node._rename("self_out")
     return graph
-
-
-def _guard_global_state(graph: fx.Graph, reads: list, path: str) -> None:
-    """One guard after the placeholders for the grad-mode / autocast answers the trace fixed."""
-    if not reads:
-        return
-    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    where = (graph.inserting_after(placeholders[-1]) if placeholders
-             else graph.inserting_before(next(iter(graph.nodes))))
-    with where:
-        graph.call_function(check_global_state, (tuple(reads), path))
-
-
-_PURE_FUNCS = {getattr, operator.getitem, operator.gt, operator.lt, operator.ge, operator.le,
-               operator.eq, operator.ne, operator.not_, operator.and_, operator.or_}
-
-
-def _drop_dead_reads(graph: fx.Graph) -> None:
-    """Remove unused attribute reads and comparisons left behind by value inspection (side
-    effect free; anything else, e.g. in-place ops, is kept)."""
-    for node in reversed(list(graph.nodes)):
-        if node.users:
-            continue
-        if node.op == "get_attr" or (node.op == "call_function"
-                                     and node.target in _PURE_FUNCS) or (
-                node.op == "call_method" and node.target in ("size", "dim")):
-            graph.erase_node(node)
-
-
-def _graph_module(mod: nn.Module, graph: fx.Graph) -> fx.GraphModule:
-    """A GraphModule for ``graph`` with exactly ``mod``'s children, parameters, buffers (in
-    order, same objects), plain attributes, hooks and forward wrappers."""
-    gm = fx.GraphModule(mod, graph, class_name=type(mod).__name__)
-    constants = [n.target for n in graph.nodes
-                 if n.op == "get_attr" and n.target.startswith("_tensor_constant")]
-    gm._modules.clear()
-    gm._modules.update(mod._modules)
-    gm._parameters.clear()
-    gm._parameters.update(mod._parameters)
-    buffers = dict(mod._buffers)
-    gm._buffers.clear()
-    gm._buffers.update(buffers)
-    gm._non_persistent_buffers_set = set(mod._non_persistent_buffers_set)
-    for name in constants:  # tensors created during tracing: not part of the state dict
-        value = mod.__dict__.pop(name, None)
-        if value is None:
-            value = getattr(gm, name)
-        gm.register_buffer(name, value, persistent=False)
-    for k, v in mod.__dict__.items():
-        if k.startswith("_") or k in ("training", "forward") or k in gm.__dict__:
-            continue
-        gm.__dict__[k] = v
-    gm.train(mod.training)
-    gm.meta["slapo_traced_from"] = type(mod)
-    keep_original(mod, gm)
-    move_hooks(mod, gm)
-    copy_forward_wrappers(mod, gm)
-    gm.graph.lint()
-    return gm
 
 
 def has_wrappers(mod: nn.Module) -> bool:
