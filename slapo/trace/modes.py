@@ -133,9 +133,10 @@ def _compare_arg(a: Any, b: Any, index: dict, where: Tuple[Any, ...], node: fx.N
         if not _same_literal(a, b):
             diff.literals.append((node, where, a, b))
         return True
-    if isinstance(a, slice) and isinstance(b, slice):
-        return all(_same_literal(x, y) for x, y in ((a.start, b.start), (a.stop, b.stop),
-                                                    (a.step, b.step)))
+    if isinstance(a, slice) and isinstance(b, slice):  # bounds may be nodes; literals equal
+        inner = _Diff()
+        return _compare_arg((a.start, a.stop, a.step), (b.start, b.stop, b.step), index, where,
+                            node, inner) and not inner.literals
     return a is b or (type(a) is type(b) and _safe_eq(a, b))
 
 
@@ -218,6 +219,10 @@ def merge_modes(traced: fx.Graph, other: Optional[fx.Graph], training: bool, pat
         hint = (f"run it in {mode_name(training)} mode, or make '{where}' (whose forward "
                 "branches on self.training) a leaf: trace(leaves=[...]) keeps it a module "
                 "call that follows the mode")
+        if other is None or where == (path or "<root>"):
+            hint = (f"its own forward branches on self.training (e.g. LayerDrop), so no one "
+                    f"graph computes both modes: run it in {mode_name(training)} mode, or "
+                    f"trace it with the model in {mode_name(not training)} mode to run in that")
         with traced.inserting_after(mode):
             traced.call_function(check_mode, (mode, training, path, hint))
         return "guarded"
