@@ -147,12 +147,29 @@ def _safe_eq(a: Any, b: Any) -> bool:
         return False
 
 
+def _pad_defaults(node: fx.Node, n: int) -> None:
+    """Positional arguments of an ATen op call up to ``n``, the left-out ones at their schema
+    defaults (the same call)."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or len(node.args) >= n or n > len(schema.arguments):
+        return
+    extra = []
+    for arg in schema.arguments[len(node.args):n]:
+        if arg.kwarg_only or not arg.has_default_value():
+            return
+        extra.append(arg.default_value)
+    node.args = tuple(node.args) + tuple(extra)
+
+
 def _diff(traced: fx.Graph, other: fx.Graph) -> _Diff:
     diff = _Diff()
     a_nodes, b_nodes = list(traced.nodes), list(other.nodes)
     index = {n: i for i, n in enumerate(a_nodes)}
     index.update({n: i for i, n in enumerate(b_nodes)})
     for a, b in zip(a_nodes, b_nodes):
+        if a.op == b.op and a.target == b.target and len(a.args) != len(b.args):
+            _pad_defaults(a, len(b.args))  # an ATen op leaves out defaults (dropout_p=0.0)
+            _pad_defaults(b, len(a.args))
         same = (a.op == b.op and a.target == b.target
                 and _compare_arg(tuple(a.args), tuple(b.args), index, ("args",), a, diff)
                 and _compare_arg(dict(a.kwargs), dict(b.kwargs), index, ("kwargs",), a, diff))
