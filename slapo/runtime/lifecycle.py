@@ -51,7 +51,8 @@ _INSTALLED = False
 
 
 def note_distributed_use() -> None:
-    """Record that this process ran collectives, so the exit hook drains their threads."""
+    """Record that this process set up a process group (``init_distributed`` calls it), so the
+    exit hook drains even where ``torch.distributed`` is no longer in ``sys.modules``."""
     global _USED
     _USED = True
 

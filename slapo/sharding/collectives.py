@@ -35,7 +35,6 @@ import torch
 import torch.distributed as dist
 
 from ..errors import SyncError
-from ..runtime.lifecycle import note_distributed_use
 
 __all__ = [
     "all_reduce_forward_identity_backward", "identity_forward_all_reduce_backward",
@@ -50,12 +49,8 @@ Group = Optional[dist.ProcessGroup]
 
 
 def group_size(group: Group = None) -> int:
-    """World size of ``group`` (1 without torch.distributed). Marks the process as one whose
-    collective threads are drained at exit (:mod:`slapo.runtime.lifecycle`)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return 1
-    note_distributed_use()
-    return dist.get_world_size(group)
+    """World size of ``group`` (1 without torch.distributed)."""
+    return dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
 
 
 def group_rank(group: Group = None) -> int:
