@@ -198,11 +198,12 @@ def _replace(value: Any, where: Tuple[Any, ...], new: Any) -> Any:
 def _training_node(graph: fx.Graph) -> fx.Node:
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     anchor = placeholders[-1] if placeholders else None
+    # create_node: Graph.get_attr warns that a bool is not a parameter, buffer or module
     if anchor is None:
         with graph.inserting_before(next(iter(graph.nodes))):
-            return graph.get_attr("training")
+            return graph.create_node("get_attr", "training")
     with graph.inserting_after(anchor):
-        return graph.get_attr("training")
+        return graph.create_node("get_attr", "training")
 
 
 def _module_of(node: fx.Node, path: str) -> str:
