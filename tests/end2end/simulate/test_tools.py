@@ -73,7 +73,7 @@ def test_proof_calibrates_first_then_measures_and_simulates(tmp_path, monkeypatc
     stand-in that notes when it ran: the plumbing is tested, not the machine)."""
     import time
 
-    from end2end.simulate import calibrate
+    from end2end.simulate.calibration import cpu as calibration
     from end2end.simulate.proof import main
 
     calls = []
@@ -82,7 +82,7 @@ def test_proof_calibrates_first_then_measures_and_simulates(tmp_path, monkeypatc
         calls.append(time.time())
         return dict(_calibration_data(), memory_overhead=0.25)
 
-    monkeypatch.setattr(calibrate, "measure_cpu", measure)
+    monkeypatch.setattr(calibration, "measure_cpu", measure)
     config = tmp_path / "tiny.cfg"
     config.write_text("\n".join(TINY.splitlines()[:3]) + "\n")  # the two bert lines
     out = tmp_path / "proof"
