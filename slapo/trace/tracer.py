@@ -32,6 +32,7 @@ attributes (``config``, ``layer_idx`` ...) are copied. A callable attribute whos
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import operator
 import traceback
@@ -65,8 +66,10 @@ _CONST_ATTRS = {"dtype", "device", "ndim", "is_cuda", "is_sparse", "is_quantized
 _LITERALS = (type(None), bool, int, float, str)
 
 
+@functools.lru_cache(maxsize=None)
 def _output_builder(cls: type) -> Callable:
-    """A graph-callable that rebuilds a dict-like output (e.g. a HF ``ModelOutput``)."""
+    """A graph-callable that rebuilds a dict-like output (e.g. a HF ``ModelOutput``); one per
+    class, so traces in the two modes call the same function."""
 
     def build(fields: Dict[str, Any]) -> Any:
         return cls(**fields)
