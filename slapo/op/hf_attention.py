@@ -34,7 +34,6 @@ cannot be honoured by SDPA; the weights slot is ``None``.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Optional, Tuple
 
 import torch
@@ -42,8 +41,9 @@ from torch import nn
 
 from ..errors import OpError
 from ..provenance import record_provenance
-from .hf_provenance import linear_names, record_attention
-from .self_attention import KVUpdate, SelfAttention, fuse_qkv
+from .hf_adapter import HFAdapter, cache_arg, class_names, kv_cache_update, weight_bias, \
+    warn_attention_weights
+from .hf_t5_attention import HFT5Attention
 
 __all__ = [
     "attention_from_hf", "HFBertSelfAttention", "HFAlbertAttention", "HFGPT2Attention",
@@ -53,102 +53,7 @@ __all__ = [
 Out = Tuple[torch.Tensor, None]
 
 
-def _class_names(module: nn.Module) -> set:
-    return {c.__name__ for c in type(module).__mro__}
-
-
-def kv_cache_update(cache: Any, layer_idx: Optional[int], *, cross: bool = False,
-                    **cache_kwargs: Any) -> Optional[KVUpdate]:
-    """A ``kv_update`` hook for a HF cache (``DynamicCache``, ``EncoderDecoderCache`` ...), or
-    ``None`` without a cache. Cross attention reuses keys/values already cached for the layer."""
-    if cache is None:
-        return None
-    if layer_idx is None:
-        raise OpError("a KV cache was passed but the attention module has no layer_idx",
-                      call="attention forward", hint="build it with from_hf(...) or layer_idx=")
-    enc_dec = hasattr(cache, "self_attention_cache") and hasattr(cache, "cross_attention_cache")
-    current = (cache.cross_attention_cache if cross else cache.self_attention_cache) \
-        if enc_dec else cache
-    if getattr(current, "is_compileable", False) and not cross:
-        raise OpError(
-            f"a {type(current).__name__} (pre-allocated, fixed-length KV cache) was passed; "
-            "slapo's attention aligns causal masks to the end of the keys, which is wrong for "
-            "a cache whose unfilled slots come after the tokens", call="attention forward",
-            hint="generate with a DynamicCache (the default: do not pass "
-            "cache_implementation='static')")
-    if cross and enc_dec and cache.is_updated.get(layer_idx):
-        layer = current.layers[layer_idx]
-        return lambda k, v: (layer.keys, layer.values)
-
-    def update(k: torch.Tensor, v: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        k, v = current.update(k, v, layer_idx, kwargs=cache_kwargs)
-        if cross and enc_dec:
-            cache.is_updated[layer_idx] = True
-        return k, v
-
-    return update
-
-
-def _warn_attention_weights(output_attentions: Optional[bool]) -> None:
-    if output_attentions:
-        warnings.warn("slapo.op attention runs on SDPA and cannot return attention weights; "
-                      "returning None for them", stacklevel=3)
-
-
-def _cache_arg(cache: Any, kwargs: dict) -> Any:
-    """HF 5 renames ``past_key_values`` to ``cache``; accept both."""
-    return cache if cache is not None else kwargs.pop("past_key_values", None)
-
-
-class _HFAdapter(SelfAttention):
-    """Shared construction: build with ``options``, copy q/k/v/out weights, match device,
-    dtype and training mode of the HF module."""
-
-    @classmethod
-    def _build(cls, hf: nn.Module, weights: dict, *, fused_conv1d: Optional[str] = None,
-               names: Optional[dict] = None, **options: Any) -> "_HFAdapter":
-        """``fused_conv1d``: the HF child holding q/k/v as one Conv1D (GPT-2's ``c_attn``);
-        ``names`` ({"out": "c_proj"}): HF children of entries of ``weights`` that are views;
-        the others are found by identity. They go into the provenance record
-        (:mod:`slapo.op.hf_provenance`) that ``slapo.verify`` reads."""
-        ref = weights["q"][0]
-        with torch.device(ref.device):
-            new = cls(**options)
-        new.to(ref.dtype)
-        copy_projections(new, weights)
-        record_attention(new, hf, {**linear_names(hf, weights), **(names or {})},
-                         fused_conv1d=fused_conv1d)
-        return new.train(hf.training)
-
-
-def copy_projections(new: SelfAttention, weights: dict) -> None:
-    """Copy ``weights`` (``{"q": (W, b), "k": ..., "v": ..., "out": ...}``, Linear layout
-    ``[out, in]``, ``b`` may be ``None``) into ``new``, fusing q/k/v if ``new`` is fused."""
-    with torch.no_grad():
-        (qw, qb), (kw, kb), (vw, vb) = weights["q"], weights["k"], weights["v"]
-        if new.fused_qkv:
-            args = (new.num_heads, new.num_kv_heads, new.head_dim)
-            new.qkv_proj.weight.copy_(fuse_qkv(qw, kw, vw, *args))
-            if qb is not None:
-                new.qkv_proj.bias.copy_(fuse_qkv(qb, kb, vb, *args))
-        else:
-            for lin, (w, b) in ((new.q_proj, (qw, qb)), (new.k_proj, (kw, kb)),
-                                (new.v_proj, (vw, vb))):
-                lin.weight.copy_(w)
-                if b is not None:
-                    lin.bias.copy_(b)
-        if "out" in weights:
-            w, b = weights["out"]
-            new.out_proj.weight.copy_(w)
-            if b is not None:
-                new.out_proj.bias.copy_(b)
-
-
-def _lin(m: nn.Linear) -> tuple:
-    return m.weight, m.bias
-
-
-class HFBertSelfAttention(_HFAdapter):
+class HFBertSelfAttention(HFAdapter):
     """For ``BertSelfAttention`` / ``RobertaSelfAttention`` (no output projection: that lives in
     ``attention.output``). Returns ``(context, None)``."""
 
@@ -158,14 +63,14 @@ class HFBertSelfAttention(_HFAdapter):
             raise OpError("cross attention (encoder_hidden_states) is not supported by the BERT "
                           "self-attention adapter", call="HFBertSelfAttention.forward",
                           hint="replace only self-attention modules")
-        update = kv_cache_update(_cache_arg(cache, kwargs), self.layer_idx)
+        update = kv_cache_update(cache_arg(cache, kwargs), self.layer_idx)
         return self.attend(hidden_states, attention_mask, kv_update=update), None
 
     @classmethod
     def from_hf(cls, hf: nn.Module, *, fused_qkv: bool = False,
                 backend: str = "auto") -> "HFBertSelfAttention":
         return cls._build(
-            hf, {"q": _lin(hf.query), "k": _lin(hf.key), "v": _lin(hf.value)},
+            hf, {"q": weight_bias(hf.query), "k": weight_bias(hf.key), "v": weight_bias(hf.value)},
             hidden_size=hf.query.in_features, num_heads=hf.num_attention_heads,
             head_dim=hf.attention_head_size, bias=hf.query.bias is not None,
             fused_qkv=fused_qkv, output_proj=False, causal=bool(hf.is_causal),
@@ -173,7 +78,7 @@ class HFBertSelfAttention(_HFAdapter):
             layer_idx=hf.layer_idx)
 
 
-class HFAlbertAttention(_HFAdapter):
+class HFAlbertAttention(HFAdapter):
     """For ``AlbertAttention``, which also holds the output projection, dropout, residual and
     LayerNorm: ``LayerNorm(x + dropout(out_proj(attention(x))))``. Returns ``(out, None)``."""
 
@@ -189,8 +94,9 @@ class HFAlbertAttention(_HFAdapter):
     def from_hf(cls, hf: nn.Module, *, fused_qkv: bool = False,
                 backend: str = "auto") -> "HFAlbertAttention":
         new = cls._build(
-            hf, {"q": _lin(hf.query), "k": _lin(hf.key), "v": _lin(hf.value),
-                 "out": _lin(hf.dense)},
+            hf, {"q": weight_bias(hf.query), "k": weight_bias(hf.key),
+                 "v": weight_bias(hf.value),
+                 "out": weight_bias(hf.dense)},
             hidden_size=hf.hidden_size, num_heads=hf.num_attention_heads,
             head_dim=hf.attention_head_size, fused_qkv=fused_qkv, causal=bool(hf.is_causal),
             scale=hf.scaling, attn_dropout=hf.attention_dropout.p,
@@ -202,7 +108,7 @@ class HFAlbertAttention(_HFAdapter):
         return new
 
 
-class HFGPT2Attention(_HFAdapter):
+class HFGPT2Attention(HFAdapter):
     """For ``GPT2Attention`` (self attention; Conv1D ``c_attn`` is the fused ``[in, 3H]``
     weight, transposed and re-laid here). Returns ``(out, None)``."""
 
@@ -214,9 +120,9 @@ class HFGPT2Attention(_HFAdapter):
         if encoder_hidden_states is not None:
             raise OpError("GPT-2 cross attention is not supported by this adapter",
                           call="HFGPT2Attention.forward", hint="replace only `attn` modules")
-        _warn_attention_weights(output_attentions)
+        warn_attention_weights(output_attentions)
         kwargs.pop("use_cache", None)
-        update = kv_cache_update(_cache_arg(cache, kwargs), self.layer_idx)
+        update = kv_cache_update(cache_arg(cache, kwargs), self.layer_idx)
         return self.attend(hidden_states, attention_mask, kv_update=update), None
 
     @classmethod
@@ -237,14 +143,14 @@ class HFGPT2Attention(_HFAdapter):
                           layer_idx=hf.layer_idx)
 
 
-class HFGPTNeoSelfAttention(_HFAdapter):
+class HFGPTNeoSelfAttention(HFAdapter):
     """For ``GPTNeoSelfAttention`` (global or local; unscaled scores; the local window comes
     from ``config.window_size``). Returns ``(out, None)``."""
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: Optional[torch.Tensor] = None,
                 layer_past: Any = None, use_cache: bool = False,
                 output_attentions: bool = False, **kwargs: Any) -> Out:
-        _warn_attention_weights(output_attentions)
+        warn_attention_weights(output_attentions)
         update = kv_cache_update(layer_past, self.layer_idx)
         return self.attend(hidden_states, attention_mask, kv_update=update), None
 
@@ -253,8 +159,9 @@ class HFGPTNeoSelfAttention(_HFAdapter):
                 backend: str = "auto") -> "HFGPTNeoSelfAttention":
         local = hf.attention_type == "local"
         return cls._build(
-            hf, {"q": _lin(hf.q_proj), "k": _lin(hf.k_proj), "v": _lin(hf.v_proj),
-                 "out": _lin(hf.out_proj)},
+            hf, {"q": weight_bias(hf.q_proj), "k": weight_bias(hf.k_proj),
+                 "v": weight_bias(hf.v_proj),
+                 "out": weight_bias(hf.out_proj)},
             hidden_size=hf.embed_dim, num_heads=hf.num_heads, bias=False, out_bias=True,
             fused_qkv=fused_qkv, causal=True,
             window_size=hf.config.window_size if local else None, scale=1.0,
@@ -262,29 +169,30 @@ class HFGPTNeoSelfAttention(_HFAdapter):
             backend=backend, layer_idx=hf.layer_id)
 
 
-class HFOPTAttention(_HFAdapter):
+class HFOPTAttention(HFAdapter):
     """For ``OPTAttention`` (HF scales the query projection; here SDPA applies the same scale).
     Returns ``(out, None)``."""
 
     def forward(self, hidden_states: torch.Tensor, cache: Any = None,
                 attention_mask: Optional[torch.Tensor] = None, output_attentions: bool = False,
                 **kwargs: Any) -> Out:
-        _warn_attention_weights(output_attentions)
-        update = kv_cache_update(_cache_arg(cache, kwargs), self.layer_idx)
+        warn_attention_weights(output_attentions)
+        update = kv_cache_update(cache_arg(cache, kwargs), self.layer_idx)
         return self.attend(hidden_states, attention_mask, kv_update=update), None
 
     @classmethod
     def from_hf(cls, hf: nn.Module, *, fused_qkv: bool = False,
                 backend: str = "auto") -> "HFOPTAttention":
         return cls._build(
-            hf, {"q": _lin(hf.q_proj), "k": _lin(hf.k_proj), "v": _lin(hf.v_proj),
-                 "out": _lin(hf.out_proj)},
+            hf, {"q": weight_bias(hf.q_proj), "k": weight_bias(hf.k_proj),
+                 "v": weight_bias(hf.v_proj),
+                 "out": weight_bias(hf.out_proj)},
             hidden_size=hf.embed_dim, num_heads=hf.num_heads, bias=bool(hf.enable_bias),
             fused_qkv=fused_qkv, causal=True, scale=hf.scaling,
             attn_dropout=float(hf.dropout), backend=backend, layer_idx=hf.layer_idx)
 
 
-class HFLlamaAttention(_HFAdapter):
+class HFLlamaAttention(HFAdapter):
     """For ``LlamaAttention``: rotary ``position_embeddings=(cos, sin)`` from the model's
     ``rotary_emb``, grouped-query attention. Returns ``(out, None)``."""
 
@@ -296,7 +204,7 @@ class HFLlamaAttention(_HFAdapter):
             raise OpError("LLaMA attention needs position_embeddings=(cos, sin)",
                           call="HFLlamaAttention.forward",
                           hint="call it from LlamaDecoderLayer, which passes the rotary cos/sin")
-        update = kv_cache_update(_cache_arg(cache, kwargs), self.layer_idx)
+        update = kv_cache_update(cache_arg(cache, kwargs), self.layer_idx)
         return self.attend(hidden_states, attention_mask, position_embeddings=position_embeddings,
                            kv_update=update), None
 
@@ -305,8 +213,9 @@ class HFLlamaAttention(_HFAdapter):
                 backend: str = "auto") -> "HFLlamaAttention":
         d = hf.head_dim
         return cls._build(
-            hf, {"q": _lin(hf.q_proj), "k": _lin(hf.k_proj), "v": _lin(hf.v_proj),
-                 "out": _lin(hf.o_proj)},
+            hf, {"q": weight_bias(hf.q_proj), "k": weight_bias(hf.k_proj),
+                 "v": weight_bias(hf.v_proj),
+                 "out": weight_bias(hf.o_proj)},
             hidden_size=hf.q_proj.in_features, num_heads=hf.q_proj.out_features // d,
             num_kv_heads=hf.k_proj.out_features // d, head_dim=d,
             bias=hf.q_proj.bias is not None, out_bias=hf.o_proj.bias is not None,
@@ -323,7 +232,7 @@ _ADAPTERS = {
 
 
 def attention_from_hf(module: nn.Module, *, fused_qkv: Optional[bool] = None,
-                      backend: str = "auto") -> SelfAttention:
+                      backend: str = "auto") -> HFAdapter:
     """The slapo attention that replaces HF attention ``module``, with its weights copied.
 
     Args:
@@ -335,10 +244,8 @@ def attention_from_hf(module: nn.Module, *, fused_qkv: Optional[bool] = None,
         OpError: ``module`` is not a supported HF attention module (the table in this module's
             docs), or is a cross-attention variant the adapter does not cover.
     """
-    names = _class_names(module)
+    names = class_names(module)
     if "T5Attention" in names:
-        from .hf_t5_attention import HFT5Attention
-
         return HFT5Attention.from_hf(module, fused_qkv=bool(fused_qkv), backend=backend)
     for name, adapter in _ADAPTERS.items():
         if name in names:

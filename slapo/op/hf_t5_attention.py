@@ -21,7 +21,7 @@ from typing import Any, Optional, Tuple
 import torch
 from torch import nn
 
-from .hf_attention import _HFAdapter, _cache_arg, _lin, kv_cache_update
+from .hf_adapter import HFAdapter, cache_arg, kv_cache_update, weight_bias
 
 __all__ = ["HFT5Attention", "relative_position_bucket"]
 
@@ -49,7 +49,7 @@ def relative_position_bucket(relative_position: torch.Tensor, *, bidirectional: 
     return buckets + torch.where(distance < exact, distance, far)
 
 
-class HFT5Attention(_HFAdapter):
+class HFT5Attention(HFAdapter):
     """For ``T5Attention`` in any of its three roles (the role follows the call: cross attention
     when ``key_value_states`` is given). Returns ``(out, position_bias, None)``."""
 
@@ -75,7 +75,7 @@ class HFT5Attention(_HFAdapter):
                 key_value_states: Optional[torch.Tensor] = None,
                 position_bias: Optional[torch.Tensor] = None, cache: Any = None,
                 **kwargs: Any) -> Tuple[torch.Tensor, Optional[torch.Tensor], None]:
-        cache = _cache_arg(cache, kwargs)
+        cache = cache_arg(cache, kwargs)
         cross = key_value_states is not None
         if position_bias is None and self.relative_attention_bias is not None:
             past = 0
@@ -101,7 +101,8 @@ class HFT5Attention(_HFAdapter):
                 backend: str = "auto") -> "HFT5Attention":
         rel = bool(hf.has_relative_attention_bias)
         new = cls._build(
-            hf, {"q": _lin(hf.q), "k": _lin(hf.k), "v": _lin(hf.v), "out": _lin(hf.o)},
+            hf, {"q": weight_bias(hf.q), "k": weight_bias(hf.k),
+                 "v": weight_bias(hf.v), "out": weight_bias(hf.o)},
             hidden_size=hf.d_model, num_heads=hf.n_heads, head_dim=hf.key_value_proj_dim,
             bias=False, fused_qkv=fused_qkv, causal=bool(hf.is_causal), scale=1.0,
             attn_dropout=float(hf.dropout), backend=backend, layer_idx=hf.layer_idx,

@@ -11,7 +11,8 @@ from .collectives import (
     reduce_scatter_forward_all_gather_backward,
     split_forward_all_gather_backward,
 )
-from .layout import Layout, LayoutProblem, ModuleLayout, ShardInfo, SyncRecord, check_layouts
+from .layout import Layout, LayoutProblem, ModuleLayout, ShardInfo, SyncRecord
+from .layout_check import check_layouts
 from .rules import HeadRule, ShardRule, register_head_rule, register_shard_rule, rule_for
 from .sequence_parallel import (
     gather_sequence,

@@ -10,7 +10,7 @@ default for any other module). ``shard`` asks the rule of every module owning th
 3. fix the module's attributes from the new tensor shapes and infer the module's activation
    layout (:meth:`ShardRule.update`),
 
-and :func:`~slapo.sharding.layout.check_layouts` asks it for incomplete shards
+and :func:`~slapo.sharding.layout_check.check_layouts` asks it for incomplete shards
 (:meth:`ShardRule.problems`). Rules raise :class:`RuleViolation`, which ``shard`` turns into a
 :class:`~slapo.errors.ShardError` naming the call and the module.
 

@@ -21,7 +21,8 @@ from torch import nn
 
 from ..runtime.forward_wrap import has_forward_wrapper
 from ..schedule import Schedule
-from ..sharding.layout import LayoutProblem, check_layouts, shard_info
+from ..sharding.layout import LayoutProblem, shard_info
+from ..sharding.layout_check import check_layouts
 from ..sharding.rules import head_rule_for
 from ..sharding.spec import get_shard_spec
 
