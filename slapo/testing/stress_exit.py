@@ -12,7 +12,8 @@ longer does::
 
 The docs examples are the ```` ```python ranks=2 ```` blocks of README.md and docs/*.md, read
 from the checkout at run time (so the text run is the text shown); the runtime scripts are the
-files of ``slapo/testing/exit_scripts/``. Exit status 1 when any run failed.
+files of ``slapo/testing/exit_scripts/`` (one per runtime, ``verify`` and the tuner's trial
+processes). Exit status 1 when any run failed.
 """
 
 from __future__ import annotations
@@ -30,11 +31,14 @@ from typing import Dict, List, Optional, Sequence
 
 from ..errors import ConfigError
 
-__all__ = ["examples", "run_once", "stress", "main", "SCRIPTS_DIR", "REPO_ROOT"]
+__all__ = ["examples", "run_once", "stress", "main", "SCRIPTS_DIR", "REPO_ROOT", "PLAIN_PYTHON"]
 
 SCRIPTS_DIR = pathlib.Path(__file__).resolve().parent / "exit_scripts"
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 _BLOCK = re.compile(r"^```python ranks=2[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+# A script whose first line is this runs under plain Python (it launches its own ranks, as the
+# tuner's trials do); every other script runs under torchrun on 2 ranks.
+PLAIN_PYTHON = "# launch: python\n"
 
 
 def docs_examples(root: pathlib.Path = REPO_ROOT) -> Dict[str, str]:
@@ -60,15 +64,17 @@ def examples(root: pathlib.Path = REPO_ROOT) -> Dict[str, str]:
 
 
 def run_once(source: str, timeout_s: float = 300.0) -> tuple:
-    """Run ``source`` under torchrun on 2 ranks in a fresh directory; ``(exit code, output)``.
-    A run that outlives ``timeout_s`` is killed (its whole process group) and counts as 124."""
+    """Run ``source`` under torchrun on 2 ranks (under plain Python if it starts with
+    :data:`PLAIN_PYTHON`) in a fresh directory; ``(exit code, output)``. A run that outlives
+    ``timeout_s`` is killed (its whole process group) and counts as 124."""
     with tempfile.TemporaryDirectory(prefix="slapo-exit-") as tmp:
         script = pathlib.Path(tmp, "train.py")
         script.write_text(source)
         env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                    PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", "2", str(script)]
+        cmd = [sys.executable, str(script)] if source.startswith(PLAIN_PYTHON) else [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+            "2", str(script)]
         proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:

@@ -15,7 +15,7 @@ from slapo.errors import ConfigError
 from slapo.testing import stress_exit
 
 RUNTIMES = ["torch_tp", "torch_forward", "torch_pipeline", "deepspeed_zero3",
-            "deepspeed_pipeline", "megatron_tp", "fsdp2"]
+            "deepspeed_pipeline", "megatron_tp", "fsdp2", "verify_tp", "tuner_trials"]
 SUITE = ["torch_forward", "torch_tp"]
 
 
