@@ -1,15 +1,21 @@
 """Device profiles: one table of the machines a config can be simulated for.
 
-Every number is a vendor datasheet figure (peak dense GEMM rate per dtype, HBM bandwidth,
-NVLink and network bandwidth) and the efficiency factors are stated here once, for all configs
-and models alike (never tuned per config or figure):
+Every number of a GPU profile carries its source in :data:`SOURCES` (a datasheet, a published
+benchmark table, PyTorch's or DeepSpeed's code); a number without a published measurement is
+marked *assumed* there, and docs/simulate.md lists them all. Nothing here is fitted to a
+published training run (the validation set judges the model, it never tunes it). The factors:
 
-* ``gemm_efficiency``: the fraction of the peak a large GEMM reaches (0.7 on V100/A100, 0.6 on
-  H100/H200, whose peaks are harder to reach), the same for every op that does FLOPs;
-* ``memory_efficiency``: the fraction of the HBM bandwidth an elementwise kernel reaches (0.8);
-* ``kernel_overhead_s``: the fixed cost of one kernel launch (5 us on GPUs);
-* ``link_efficiency``: the fraction of a link's bandwidth a ring collective reaches (0.8), with
-  the latency ``alpha_s`` per step;
+* ``gemm_efficiency``: the fraction of the dense peak the best-shaped large GEMM reaches (the
+  measured "maximum achievable matmul FLOPS"); a GEMM of another shape loses more to tile and
+  wave quantisation (:mod:`end2end.simulate.cost.gpu_model`, over ``sm_count`` SMs);
+* ``attention_efficiency``: the fraction of the peak the fused attention kernels reach
+  (``flash``, ``efficient``; the ``math`` path is GEMMs and elementwise ops, timed as such);
+* ``memory_efficiency``: the fraction of the HBM bandwidth an elementwise kernel reaches;
+* ``kernel_overhead_s``: the GPU's gap per kernel launch; ``host_op_s``: what eager PyTorch's
+  Python, dispatcher and launch cost on the host per op (a phase takes at least its ops x
+  this: the GPU waits for a host that issues kernels faster than they run);
+* ``link_efficiency``: the fraction of a link's bandwidth a ring collective reaches, with the
+  latency ``alpha_s`` per step inside a node and ``inter_alpha_s`` across nodes;
 * ``allocator_overhead``: the caching allocator's fragmentation and reserve on top of the peak of
   live tensors (10 %, plus ``reserved_bytes`` for the CUDA context and workspaces);
 * ``measured_overhead``, ``measured_fixed_bytes``: how the driver's memory measurement relates
@@ -17,6 +23,8 @@ and models alike (never tuned per config or figure):
   tensors; on ``cpu`` the RSS high-water mark, calibrated by two real runs): the predicted
   ``PerGPUMem`` is ``measured_fixed_bytes + peak x (1 + measured_overhead)``, comparable with
   a measured row.
+
+Memory capacities are binary: a "32 GB" V100 holds 32 GiB (2**35 bytes).
 
 ``cpu`` is this machine, measured (:mod:`end2end.simulate.calibration.cpu`) and cached
 (the file: :func:`profile_from_file`, :data:`FORMAT`). Its ops are
@@ -31,16 +39,17 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from slapo.errors import ConfigError
 
 from end2end.simulate.cost.cpu_model import EagerCpuModel
 
-__all__ = ["DeviceProfile", "PROFILES", "get_profile", "profile_from_file", "FORMAT",
-           "FORMAT_CHANGES", "DEFAULT_CACHE"]
+__all__ = ["DeviceProfile", "PROFILES", "SOURCES", "get_profile", "profile_from_file", "FORMAT",
+           "FORMAT_CHANGES", "DEFAULT_CACHE", "GIB"]
 
 GB = 1e9
+GIB = float(2 ** 30)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +62,7 @@ class DeviceProfile:
     flops: Dict[str, float]  # peak dense FLOP/s per dtype name (float32, float16, bfloat16)
     memory_bandwidth: float
     intra_node_bandwidth: float  # per GPU, one direction (NVLink)
-    inter_node_bandwidth: float  # per node, one direction (network)
+    inter_node_bandwidth: float  # per node, one direction (all its NICs together)
     gpus_per_node: int = 8
     gemm_efficiency: float = 0.7
     memory_efficiency: float = 0.8
@@ -66,6 +75,10 @@ class DeviceProfile:
     measured_overhead: float = 0.0
     measured_fixed_bytes: float = 0.0
     eager: Optional[EagerCpuModel] = None  # ``cpu``: the eager-PyTorch time model
+    sm_count: int = 0  # streaming multiprocessors (0: no tile/wave model)
+    compute_capability: Tuple[int, int] = (0, 0)  # CUDA sm_XY ((0, 0): not a CUDA device)
+    attention_efficiency: Dict[str, float] = dataclasses.field(default_factory=dict)
+    host_op_s: float = 0.0
 
     def rate(self, dtype: str) -> float:
         """Peak FLOP/s of ``dtype`` (float32 for dtypes without a table entry)."""
@@ -77,24 +90,84 @@ class DeviceProfile:
         return f"{self.name} (simulated)"
 
 
-def _gpu(name, description, memory_gb, fp32, half, hbm, nvlink, network, **kw) -> DeviceProfile:
-    return DeviceProfile(name, description, memory_gb * GB,
-                         {"float32": fp32, "float16": half, "bfloat16": half}, hbm, nvlink,
-                         network, **kw)
+# -- the sources of every GPU number (docs/simulate.md, "Device profiles", lists them) --------
+_V100 = "NVIDIA V100 datasheet (SXM2: 15.7 TFLOP/s fp32, 125 tensor, 900 GB/s HBM2, 80 SMs, " \
+    "NVLink 300 GB/s bidirectional = 6 links x 25 GB/s per direction)"
+_A100 = "NVIDIA A100 datasheet (SXM4: 19.5 TFLOP/s fp32, 312 fp16/bf16 tensor dense, HBM2 " \
+    "1555 GB/s (40 GB) / HBM2e 2039 GB/s (80 GB), 108 SMs, NVLink 3 600 GB/s bidirectional)"
+_H100 = "NVIDIA H100 datasheet (SXM5: 67 TFLOP/s fp32, 989 bf16/fp16 tensor dense (1979 with " \
+    "sparsity), HBM3 3.35 TB/s, 132 SMs, NVLink 4 900 GB/s bidirectional)"
+_H200 = "NVIDIA H200 datasheet (SXM: H100's compute, 141 GB HBM3e at 4.8 TB/s); nvidia-smi " \
+    "reports 143771 MiB"
+_MAMF = "stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS " \
+    "comparison table' (BF16, mamf-finder.py, best shape)"
+_SDPA = "PyTorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (can_use_flash_attention, " \
+    "can_use_mem_efficient_attention; end2end/simulate/cost/kernels.py)"
+_FA2 = "Dao 2023, FlashAttention-2 (arXiv 2307.08691), abstract/introduction: FlashAttention-2 " \
+    "reaches 50-73 % of the A100's peak, FlashAttention (the memory-efficient kind) 25-40 %; " \
+    "midpoints taken"
+_ASSUMED = "assumed (no published measurement found); judged by the validation set, never fitted"
+
+SOURCES: Dict[str, Dict[str, str]] = {
+    "v100-32gb": dict(
+        device=_V100 + "; AWS p3dn.24xlarge: 8 x V100-SXM2 32 GB, 100 Gb/s EFA per node",
+        gemm_efficiency="A100's measured 86.9 % (" + _MAMF + "; no V100 row): " + _ASSUMED,
+        attention_efficiency="efficient: " + _FA2 + "; flash: not eligible on sm70 (" + _SDPA
+        + ")", memory_efficiency=_ASSUMED, kernel_overhead_s=_ASSUMED, host_op_s=_ASSUMED,
+        link_efficiency=_ASSUMED, alpha_s=_ASSUMED),
+    "v100-32gb-dgx2": dict(
+        device=_V100 + "; NVIDIA DGX-2 datasheet: 16 x V100 32 GB on NVSwitch (each GPU its "
+        "6 NVLinks, 150 GB/s per direction), 8 x 100 Gb/s InfiniBand EDR per node",
+        gemm_efficiency="as v100-32gb", attention_efficiency="as v100-32gb"),
+    "a100-40gb": dict(
+        device=_A100 + "; NVIDIA DGX A100 datasheet: 8 GPUs on NVSwitch, 8 x 200 Gb/s HDR "
+        "InfiniBand (ConnectX-6) for the compute network", gemm_efficiency=_MAMF
+        + ": A100 SXM 271.2 of 312 TFLOP/s = 86.9 %", attention_efficiency=_FA2),
+    "a100-80gb": dict(device=_A100 + "; DGX A100 (as a100-40gb)", gemm_efficiency=_MAMF
+                      + ": A100 SXM 86.9 %", attention_efficiency=_FA2),
+    "h100-80gb": dict(
+        device=_H100 + "; NVIDIA DGX H100 datasheet: 8 GPUs on NVSwitch, 8 x 400 Gb/s "
+        "(ConnectX-7) for the compute network", gemm_efficiency=_MAMF
+        + ": H100 SXM 794.5 of 989 TFLOP/s = 80.3 %", attention_efficiency=_FA2
+        + " (A100 figures; " + _ASSUMED + " for H100)"),
+    "h200": dict(device=_H200 + "; DGX H200: the DGX H100 network", gemm_efficiency=_MAMF
+                 + ": GH200 (H200-class GPU, 141 GB HBM3e) 828.6 of 989 = 83.8 %",
+                 attention_efficiency="as h100-80gb"),
+}
+for _name in SOURCES:
+    for _key in ("memory_efficiency", "kernel_overhead_s", "host_op_s", "link_efficiency",
+                 "alpha_s", "inter_alpha_s", "reserved_bytes", "allocator_overhead"):
+        SOURCES[_name].setdefault(_key, _ASSUMED)
+    SOURCES[_name].setdefault("attention kernel choice", _SDPA)
+
+_HALF = ("float16", "bfloat16")
+
+
+def _gpu(name, description, memory_gib, fp32, half, hbm, nvlink, network, sms, cc, gemm,
+         attention=(0.6, 0.33), bf16=True, **kw) -> DeviceProfile:
+    """A GPU profile; ``attention``: (flash, efficient) fractions of the peak (:data:`SOURCES`);
+    ``bf16``: tensor cores take bf16 (sm80+; V100 runs bf16 at the fp32 rate)."""
+    flops = {"float32": fp32, "float16": half, "bfloat16": half if bf16 else fp32}
+    return DeviceProfile(name, description, memory_gib * GIB, flops, hbm, nvlink, network,
+                         gemm_efficiency=gemm, sm_count=sms, compute_capability=cc,
+                         attention_efficiency=dict(flash=attention[0], efficient=attention[1]),
+                         host_op_s=10e-6, **kw)
 
 
 PROFILES: Dict[str, DeviceProfile] = {p.name: p for p in (
-    # p3dn.24xlarge: 8 x V100 32 GB SXM2, NVLink (~150 GB/s per GPU one way on the hybrid cube
-    # mesh's ring), 100 Gb/s EFA between nodes; V100 has no bf16 (bf16 runs at the fp32 rate)
-    DeviceProfile("v100-32gb", "p3dn.24xlarge: 8 x V100-SXM2 32 GB, NVLink, 100 Gb/s",
-                  32 * GB, {"float32": 15.7e12, "float16": 125e12, "bfloat16": 15.7e12},
-                  900e9, 150e9, 12.5e9),
-    _gpu("a100-80gb", "8 x A100-SXM4 80 GB, NVLink 3, 4 x 200 Gb/s", 80, 19.5e12, 312e12,
-         2039e9, 300e9, 100e9),
-    _gpu("h100-80gb", "8 x H100-SXM5 80 GB, NVLink 4, 8 x 400 Gb/s", 80, 67e12, 989e12,
-         3350e9, 450e9, 400e9, gemm_efficiency=0.6),
-    _gpu("h200", "8 x H200-SXM 141 GB, NVLink 4, 8 x 400 Gb/s", 141, 67e12, 989e12, 4800e9,
-         450e9, 400e9, gemm_efficiency=0.6),
+    _gpu("v100-32gb", "p3dn.24xlarge: 8 x V100-SXM2 32 GB, NVLink, 100 Gb/s", 32, 15.7e12,
+         125e12, 900e9, 150e9, 12.5e9, 80, (7, 0), 0.869, bf16=False),
+    _gpu("v100-32gb-dgx2", "DGX-2: 16 x V100-SXM3 32 GB, NVSwitch, 8 x 100 Gb/s IB", 32,
+         15.7e12, 125e12, 900e9, 150e9, 100e9, 80, (7, 0), 0.869, bf16=False,
+         gpus_per_node=16),
+    _gpu("a100-40gb", "DGX A100: 8 x A100-SXM4 40 GB, NVSwitch, 8 x 200 Gb/s IB", 40,
+         19.5e12, 312e12, 1555e9, 300e9, 200e9, 108, (8, 0), 0.869),
+    _gpu("a100-80gb", "DGX A100: 8 x A100-SXM4 80 GB, NVSwitch, 8 x 200 Gb/s IB", 80,
+         19.5e12, 312e12, 2039e9, 300e9, 200e9, 108, (8, 0), 0.869),
+    _gpu("h100-80gb", "DGX H100: 8 x H100-SXM5 80 GB, NVSwitch, 8 x 400 Gb/s", 80, 67e12,
+         989e12, 3350e9, 450e9, 400e9, 132, (9, 0), 0.803),
+    _gpu("h200", "DGX H200: 8 x H200-SXM 141 GB, NVSwitch, 8 x 400 Gb/s", 143771 / 1024,
+         67e12, 989e12, 4800e9, 450e9, 400e9, 132, (9, 0), 0.838),
 )}
 
 

@@ -16,7 +16,8 @@ __all__ = ["OpRecord", "CollectiveRecord", "work_totals"]
 class OpRecord:
     """One kernel: FLOPs, bytes read + written, dtype name, phase; ``weight``: how many times it
     counts (1 as recorded; micro-batch extrapolation, :mod:`end2end.simulate.engine.microbatches`,
-    weighs whole recorded steps)."""
+    weighs whole recorded steps); ``shape``: a GEMM's ``(batch, M, N, K)`` for the GPU
+    profiles' tile and wave model (:mod:`end2end.simulate.cost.gpu_model`)."""
 
     flops: int
     bytes: int
@@ -25,6 +26,7 @@ class OpRecord:
     weight: float = 1.0
     name: str = ""  # the ATen op (overload packet), e.g. "addmm", "_softmax"
     view: bool = False  # a view (moves nothing; eager PyTorch still dispatches it)
+    shape: Tuple[int, ...] = ()  # a GEMM's (batch, M, N, K) (:mod:`~.gpu_model`); else ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,16 +1,23 @@
 """The time model: a simulated rank's recorded work on a :class:`DeviceProfile`.
 
-* Each kernel on a GPU profile: ``max(FLOPs / (peak(dtype) x gemm_efficiency), bytes / (HBM x
-  memory_efficiency)) + kernel_overhead`` (a roofline per op; views cost nothing).
+* Each kernel on a GPU profile: the roofline of :mod:`end2end.simulate.cost.gpu_model` (GEMM
+  efficiency by shape: tile and wave quantisation; fused attention at its kernel's efficiency;
+  a phase no faster than the host issues its kernels; views cost nothing).
 * Each op on the ``cpu`` profile: the eager-PyTorch model of :mod:`end2end.simulate.cost.cpu_model`
   (``max(flops / rate(kind, flops), bytes / bandwidth(op, bytes)) + per-op cost``, views their
   own measured cost), with the threads a rank has: all cores for a 1-rank run, one per rank
   when several ranks share the machine (``ranks_on_node``; torchrun's ``OMP_NUM_THREADS=1``).
-* Each collective: ring alpha-beta over the link it crosses: ``steps x alpha + factor x bytes /
-  (bandwidth x link_efficiency)``, factor ``2 (g-1)/g`` for an all-reduce, ``(g-1)/g`` for an
-  all-gather / reduce-scatter / all-to-all (of the whole tensor), 1 for a point-to-point send
-  or a broadcast. A group inside one node uses NVLink (per GPU); a group spanning nodes uses the
-  node's network, shared by the node's GPUs (all of them communicate at once in DP/ZeRO).
+* Each collective: ring alpha-beta, ``steps x alpha + factor x bytes / bandwidth``, factor
+  ``2 (g-1)/g`` for an all-reduce, ``(g-1)/g`` for an all-gather / reduce-scatter / all-to-all
+  (of the whole tensor), 1 for a point-to-point send or a broadcast. The bandwidth
+  (:func:`ring_bandwidth`): a group inside one node runs on NVLink (per GPU, one direction). A
+  group across nodes runs NCCL's rings through the nodes' NICs: with ``r`` of its ranks on a
+  node (the fewest on any of its nodes), the node's ``gpus_per_node / r`` groups of the same
+  shape (every rank of the node is in one, and they communicate at once, SPMD) share the
+  node's network, so each gets ``inter_node_bandwidth x r / gpus_per_node``: a ZeRO-3/FSDP or
+  DDP group over every rank (``r`` = 8) has the whole node's network, the data-parallel groups
+  of TP 8 x DP (``r`` = 1) an eighth each, as does a pipeline's point-to-point pair. The ring's
+  rate is the slower of that and NVLink, times ``link_efficiency``.
 * Overlap, as each runtime does it (:data:`OVERLAPPED`): DDP's gradient all-reduce runs during
   the backward, ZeRO-3's and FSDP2's all-gathers and reduce-scatters during the forward/backward
   they prefetch for; tensor-parallel collectives are on the critical path. An overlapped
@@ -25,12 +32,13 @@ from __future__ import annotations
 
 from typing import Dict, Iterable, Set, Tuple
 
-from end2end.simulate.cost.cpu_model import RUNTIME_COSTS
+from end2end.simulate.cost.gpu_model import phase_seconds
 from end2end.simulate.cost.profiles import DeviceProfile
 from end2end.simulate.cost.records import CollectiveRecord, OpRecord
 
 __all__ = ["OVERLAPPED", "overlapped_kinds", "compute_seconds", "collective_seconds",
-           "rank_seconds", "step_seconds", "ring_factor", "ring_steps"]
+           "rank_seconds", "step_seconds", "ring_factor", "ring_steps", "ring_bandwidth",
+           "ranks_per_node"]
 
 # (framework, slapo?) -> collective kinds the runtime overlaps with compute
 OVERLAPPED: Dict[Tuple[str, bool], Set[str]] = {
@@ -49,26 +57,33 @@ def overlapped_kinds(framework: str, slapo: bool) -> Set[str]:
 
 def compute_seconds(ops: Iterable[OpRecord], profile: DeviceProfile, ranks_on_node: int = 1
                     ) -> Dict[str, float]:
-    """Seconds per phase: the roofline on GPU profiles, the eager model on ``cpu`` (module
+    """Seconds per phase: the GPU model on GPU profiles, the eager model on ``cpu`` (module
     docstring; ``ranks_on_node``: ranks of the run sharing this rank's machine)."""
+    if profile.eager is None:
+        return phase_seconds(ops, profile)
     out: Dict[str, float] = {}
-    if profile.eager is not None:
-        model = profile.eager.for_ranks(ranks_on_node, profile.memory_bandwidth)
-        for op in ops:
-            out[op.phase] = out.get(op.phase, 0.0) + model.op_time(op) * op.weight
-        return out
-    bw = profile.memory_bandwidth * profile.memory_efficiency
+    model = profile.eager.for_ranks(ranks_on_node, profile.memory_bandwidth)
     for op in ops:
-        if op.view or op.name in RUNTIME_COSTS:  # runtime costs: measured on this CPU only
-            continue
-        rate = profile.rate(op.dtype) * profile.gemm_efficiency
-        t = max(op.flops / rate, op.bytes / bw) + profile.kernel_overhead_s
-        out[op.phase] = out.get(op.phase, 0.0) + t * op.weight
+        out[op.phase] = out.get(op.phase, 0.0) + model.op_time(op) * op.weight
     return out
 
 
-def _crosses_nodes(ranks: Tuple[int, ...], per_node: int) -> bool:
-    return len({r // per_node for r in ranks}) > 1
+def ranks_per_node(ranks: Tuple[int, ...], per_node: int) -> Dict[int, int]:
+    """The group's ranks on each node it spans (node index -> count)."""
+    out: Dict[int, int] = {}
+    for r in ranks:
+        out[r // per_node] = out.get(r // per_node, 0) + 1
+    return out
+
+
+def ring_bandwidth(ranks: Tuple[int, ...], profile: DeviceProfile) -> float:
+    """Bytes/s of one rank's ring traffic for a group of ``ranks`` (module docstring), before
+    ``link_efficiency``."""
+    nodes = ranks_per_node(ranks, profile.gpus_per_node)
+    if len(nodes) <= 1:
+        return profile.intra_node_bandwidth
+    share = min(nodes.values()) / profile.gpus_per_node
+    return min(profile.inter_node_bandwidth * share, profile.intra_node_bandwidth)
 
 
 def ring_factor(kind: str, g: int) -> float:
@@ -87,9 +102,9 @@ def collective_seconds(c: CollectiveRecord, profile: DeviceProfile) -> float:
     g = max(c.group_size, 1)
     if g == 1 or c.kind == "barrier":
         return 0.0
-    inter = _crosses_nodes(c.ranks, profile.gpus_per_node)
-    bw = (profile.inter_node_bandwidth / profile.gpus_per_node if inter
-          else profile.intra_node_bandwidth) * profile.link_efficiency
+    ranks = c.ranks or tuple(range(g))
+    inter = len(ranks_per_node(ranks, profile.gpus_per_node)) > 1
+    bw = ring_bandwidth(ranks, profile) * profile.link_efficiency
     if profile.eager is not None:
         bw = profile.eager.collective_bandwidth.get(c.kind, bw)
     alpha = profile.inter_alpha_s if inter else profile.alpha_s

@@ -32,6 +32,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from end2end.simulate.cost.gpu_model import gemm_shape
 from end2end.simulate.cost.records import CollectiveRecord, OpRecord, work_totals  # re-exported
 
 __all__ = ["OpRecord", "CollectiveRecord", "StepRecorder", "work_totals", "rank_local"]
@@ -204,8 +205,9 @@ class StepRecorder(TorchDispatchMode):
         if flops or moved:
             dtype = str((outputs or inputs)[0].dtype).replace("torch.", "") \
                 if (outputs or inputs) else "float32"
-            self.ops.append(OpRecord(flops, moved, dtype, self.current_phase(),
-                                     name=_name(func)))
+            name = _name(func)
+            self.ops.append(OpRecord(flops, moved, dtype, self.current_phase(), name=name,
+                                     shape=gemm_shape(name, args) if flops else ()))
 
     def _collective(self, func, out, args, kwargs) -> None:
         import torch.distributed as dist

@@ -167,7 +167,8 @@ def _rank_json(spec_json: str, layout: Dict[str, int], rank: int, gpu: bool) -> 
 
 def rank_result_from_json(data: Dict[str, Any]) -> RankResult:
     """The :class:`RankResult` of ``dataclasses.asdict(result)``."""
-    data = dict(data, ops=[OpRecord(**o) for o in data["ops"]],
+    data = dict(data, ops=[OpRecord(**dict(o, shape=tuple(o.get("shape", ()))))
+                           for o in data["ops"]],
                 collectives=[CollectiveRecord(**dict(c, ranks=tuple(c["ranks"])))
                              for c in data["collectives"]])
     return RankResult(**data)

@@ -1,0 +1,127 @@
+"""The GPU side of the time model (issue 35): the network per collective (how many of a group's
+ranks share each node's NICs), capacities in GiB, GEMM efficiency by shape (tile and wave
+quantisation), fused attention's efficiency, the host's issue rate, and that every GPU
+profile's constants carry a source."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from end2end.simulate.cost.gpu_model import kernel_seconds, phase_seconds, tile_utilisation
+from end2end.simulate.cost.profiles import GIB, PROFILES, SOURCES
+from end2end.simulate.cost.records import CollectiveRecord, OpRecord
+from end2end.simulate.cost.timing import collective_seconds, ring_bandwidth
+
+V100 = PROFILES["v100-32gb"]
+
+
+def _gather(ranks, nbytes=10 ** 10, kind="allgather"):
+    return CollectiveRecord(kind, nbytes, len(ranks), tuple(ranks), "forward")
+
+
+def _beta(c: CollectiveRecord, profile) -> float:
+    """The bandwidth term of a collective's seconds (its latency steps taken off)."""
+    inter = len({r // profile.gpus_per_node for r in c.ranks}) > 1
+    alpha = profile.inter_alpha_s if inter else profile.alpha_s
+    steps = 2 * (c.group_size - 1) if c.kind == "allreduce" else (
+        1 if c.kind == "p2p" else c.group_size - 1)
+    return collective_seconds(c, profile) - steps * alpha
+
+
+@pytest.mark.parametrize("n", [16, 32, 64])
+def test_zero3_one_ring_over_every_rank_has_the_whole_node_network(n):
+    """ZeRO-3/FSDP over all ranks: one ring, 8 ranks per node, every NIC carries one edge -
+    the node's 100 Gb/s, not an eighth of it (the Figure 8 DeepSpeed rows' 8x)."""
+    c = _gather(range(n))
+    want = (n - 1) / n * c.bytes / (V100.inter_node_bandwidth * V100.link_efficiency)
+    assert _beta(c, V100) == pytest.approx(want, rel=1e-9)
+
+
+def test_tp_times_dp_groups_share_the_nic_and_p2p_pairs_get_one_share():
+    """TP 8 x DP 8 on 64 ranks: each DP group has one rank per node, and the 8 DP groups of a
+    node share its network (an eighth each); a pipeline's send between nodes likewise."""
+    dp = _gather(range(0, 64, 8), kind="allreduce")
+    want = 2 * 7 / 8 * dp.bytes / (V100.inter_node_bandwidth / 8 * V100.link_efficiency)
+    assert _beta(dp, V100) == pytest.approx(want, rel=1e-9)
+    p2p = CollectiveRecord("p2p", 10 ** 9, 2, (3, 11), "forward")
+    assert _beta(p2p, V100) == pytest.approx(
+        10 ** 9 / (V100.inter_node_bandwidth / 8 * V100.link_efficiency), rel=1e-9)
+    # 2 ranks per node (TP 4 x DP): a quarter of the network each
+    assert ring_bandwidth(tuple(range(0, 64, 4)), V100) == pytest.approx(
+        V100.inter_node_bandwidth / 4)
+    # inside a node: NVLink, whatever the group; the network never beats NVLink
+    assert ring_bandwidth(tuple(range(8)), V100) == V100.intra_node_bandwidth
+    fat = dataclasses.replace(V100, inter_node_bandwidth=10 * V100.intra_node_bandwidth)
+    assert ring_bandwidth(tuple(range(16)), fat) == V100.intra_node_bandwidth
+
+
+def test_capacities_are_binary_gigabytes():
+    assert PROFILES["v100-32gb"].memory_bytes == 32 * 2 ** 30
+    assert PROFILES["a100-40gb"].memory_bytes == 40 * GIB
+    assert PROFILES["a100-80gb"].memory_bytes == PROFILES["h100-80gb"].memory_bytes == 80 * GIB
+    assert PROFILES["h200"].memory_bytes == 143771 * 2 ** 20
+
+
+def test_every_gpu_profile_names_its_sources():
+    for name, profile in PROFILES.items():
+        assert name in SOURCES, name
+        for key in ("device", "gemm_efficiency", "attention_efficiency", "memory_efficiency",
+                    "link_efficiency", "host_op_s"):
+            assert SOURCES[name].get(key), (name, key)
+        assert profile.sm_count > 0 and profile.compute_capability >= (7, 0), name
+    # DGX interconnects: 8 x 200 Gb/s (A100), 8 x 400 Gb/s (H100/H200), DGX-2: 16 GPUs
+    assert PROFILES["a100-80gb"].inter_node_bandwidth == 8 * 200e9 / 8
+    assert PROFILES["h100-80gb"].inter_node_bandwidth == 8 * 400e9 / 8
+    assert PROFILES["v100-32gb-dgx2"].gpus_per_node == 16
+
+
+def _gemm(m, n, k, batch=1, dtype="float16", name="mm"):
+    flops = 2 * batch * m * n * k
+    nbytes = 2 * batch * (m * k + k * n + m * n)
+    return OpRecord(flops, nbytes, dtype, "forward", name=name, shape=(batch, m, n, k))
+
+
+def test_gemm_efficiency_follows_tile_and_wave_quantisation():
+    """A large GEMM runs at the profile's measured large-GEMM efficiency; one that leaves SMs
+    idle in its last wave, or pads its tiles, runs slower per FLOP (NVIDIA's guide)."""
+    assert tile_utilisation((1, 8192, 8192, 8192), 80) > 0.99
+    # 108 SMs, 128 x 128 tiles of a 1 x 1 GEMM: one tile of 1 element
+    assert tile_utilisation((1, 1, 1, 4096), 108) == pytest.approx(1 / (108 * 64 * 64))
+    # 81 tiles of 128 x 128 on 80 SMs: two waves, the second nearly empty (64 x 64 tiles do
+    # better: 324 tiles in 5 waves)
+    assert tile_utilisation((1, 9 * 128, 9 * 128, 1024), 80) == pytest.approx(324 / 400)
+    big = _gemm(8192, 8192, 8192)
+    per_flop_big = (kernel_seconds(big, V100) - V100.kernel_overhead_s) / big.flops
+    assert per_flop_big == pytest.approx(1 / (125e12 * V100.gemm_efficiency), rel=0.01)
+    small = _gemm(1152, 1152, 8192)
+    per_flop_small = (kernel_seconds(small, V100) - V100.kernel_overhead_s) / small.flops
+    assert per_flop_small > 1.2 * per_flop_big
+    # no shape (a convolution): the large-GEMM efficiency
+    conv = dataclasses.replace(big, name="convolution", shape=())
+    assert kernel_seconds(conv, V100) == pytest.approx(kernel_seconds(big, V100), rel=0.01)
+
+
+def test_fused_attention_runs_at_its_kernels_efficiency():
+    a100 = PROFILES["a100-80gb"]
+    flops = 10 ** 12
+    flash = OpRecord(flops, 0, "float16", "forward", name="_scaled_dot_product_flash_attention")
+    eff = dataclasses.replace(flash, name="_scaled_dot_product_efficient_attention_backward")
+    t_flash = kernel_seconds(flash, a100) - a100.kernel_overhead_s
+    t_eff = kernel_seconds(eff, a100) - a100.kernel_overhead_s
+    assert t_flash == pytest.approx(flops / (312e12 * a100.attention_efficiency["flash"]))
+    assert t_eff == pytest.approx(flops / (312e12 * a100.attention_efficiency["efficient"]))
+    assert t_eff > t_flash
+
+
+def test_a_phase_of_tiny_kernels_is_bound_by_the_host_issuing_them():
+    tiny = [OpRecord(0, 64, "float16", "forward", name="add")] * 1000
+    t = phase_seconds(tiny, V100)["forward"]
+    assert t == pytest.approx(1000 * V100.host_op_s)
+    assert V100.host_op_s > V100.kernel_overhead_s
+    big = [_gemm(8192, 8192, 8192)] * 3  # long kernels: the GPU's time
+    assert phase_seconds(big, V100)["forward"] == pytest.approx(
+        3 * kernel_seconds(big[0], V100))
+    assert math.isfinite(t)
