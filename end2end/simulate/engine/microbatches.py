@@ -25,6 +25,7 @@ Runs with at most 3 micro-batches are simulated as they are.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from end2end.simulate.engine.step import RankResult, simulate_rank, simulate_rank_isolated
 
@@ -67,7 +68,7 @@ def extrapolate(one: RankResult, two: RankResult, m: int, held: int) -> RankResu
                                                  in_flight=held))
 
 
-def simulate_role(spec, layout, rank: int, gpu: bool = False,
+def simulate_role(spec, layout, rank: int, gpu: Any = False,
                   isolate: bool = False) -> RankResult:
     """Global rank ``rank``'s step (:func:`~end2end.simulate.engine.step.simulate_rank`), with at
     most

@@ -36,7 +36,7 @@ def simulate_in_process(spec, profile) -> Dict[str, Any]:
     began = time.perf_counter()
     try:
         layout = run_layout(spec)
-        gpu = profile.name != "cpu"
+        gpu = profile.compute_capability if profile.eager is None else False
         ranks = layout.stage_leaders()
         results = [simulate_role(spec, layout, r, gpu, isolate=len(ranks) > 1) for r in ranks]
     except Exception as exc:  # noqa: BLE001  (every failure becomes a row, as in the driver)
@@ -70,8 +70,7 @@ def _values(spec, layout, results, profile) -> Dict[str, Any]:
         f"{profile.reserved_bytes / 1e9:.1f} GB reserved) > {profile.memory_bytes / 1e9:.0f} GB")
     extra = dict(simulated=True, profile=profile.name, modelled=results[0].modelled,
                  extrapolated=results[0].extrapolated,
-                 attention="fused (CUDA memory-efficient kernel)" if profile.name != "cpu"
-                 else "as on this CPU",
+                 attention=_attention_text(results, profile),
                  layout=layout.as_record(), roles=[r.rank for r in results],
                  memory=[r.memory for r in results], timing=per_rank,
                  totals=[r.totals for r in results], needed_bytes=need,
@@ -83,6 +82,20 @@ def _values(spec, layout, results, profile) -> Dict[str, Any]:
                 per_gpu_param=max(r.parameters for r in results) / 1e6,
                 per_gpu_tflops=tflops_per_rank(thrpt, flops, spec.n),
                 mfu=mfu(thrpt, flops, spec.n, rate), peak_tflops=rate / 1e12, extra=extra)
+
+
+def _attention_text(results, profile) -> str:
+    """What the rows' JSON says of attention: the kernels CUDA's rules chose on the simulated
+    GPU (:mod:`end2end.simulate.cost.kernels`), or this CPU's."""
+    if profile.eager is not None:
+        return "as on this CPU"
+    chosen: Dict[str, int] = {}
+    for r in results:
+        for kind, calls in r.attention.items():
+            chosen[kind] = chosen.get(kind, 0) + calls
+    major, minor = profile.compute_capability
+    calls = ", ".join(f"{k} x{v}" for k, v in sorted(chosen.items())) or "no SDPA call"
+    return f"PyTorch's SDPA rules for sm{major}{minor}: {calls}"
 
 
 def _collective_summary(collectives, overlapped) -> List[Dict[str, Any]]:

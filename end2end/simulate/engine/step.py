@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -34,7 +34,8 @@ class RankResult:
     ``param``, ``grad``, ``optstate``, ``activation``, ``peak``), its parameters (elements) and
     what the modelled runtime (if any) added (``modelled``: a short text, "" when the real
     runtime ran); ``extrapolated`` says how a many-micro-batch step was derived
-    (:mod:`end2end.simulate.engine.microbatches`; empty when simulated as it is)."""
+    (:mod:`end2end.simulate.engine.microbatches`; empty when simulated as it is);
+    ``attention``: the SDPA kernels a GPU profile chose (kernel -> calls; empty on ``cpu``)."""
 
     rank: int
     ops: List[OpRecord]
@@ -44,6 +45,7 @@ class RankResult:
     modelled: str = ""
     totals: Dict[str, float] = dataclasses.field(default_factory=dict)
     extrapolated: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    attention: Dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def _storage_bytes(tensors) -> int:
@@ -75,10 +77,21 @@ def _state_tensors(runner) -> Dict[str, List[Any]]:
                 grad=[p.grad for p in params if p.grad is not None], optstate=states)
 
 
-def simulate_rank(spec, layout, rank: int, gpu: bool = False) -> RankResult:
+def _capability(gpu) -> Optional[Tuple[int, int]]:
+    """The simulated GPU's compute capability of ``gpu`` (a ``(major, minor)`` pair, ``True``
+    for the default one, falsy for this CPU)."""
+    from end2end.simulate.cost.kernels import DEFAULT_CAPABILITY
+
+    if not gpu:
+        return None
+    return DEFAULT_CAPABILITY if gpu is True else (int(gpu[0]), int(gpu[1]))
+
+
+def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
     """Build and step global rank ``rank`` of ``spec`` on a fake world of ``spec.n`` ranks;
-    ``gpu``: attention runs as CUDA's fused kernel (:mod:`end2end.simulate.cost.kernels`), else as
-    on this CPU."""
+    ``gpu``: the simulated GPU's compute capability ``(major, minor)`` (``True``: sm80), whose
+    attention kernel CUDA would pick runs (:mod:`end2end.simulate.cost.kernels`); falsy: as on
+    this CPU."""
     from end2end.driver.assemble import build_runner, rank_batch
     from end2end.driver.measure import local_parameters
     from end2end.simulate.engine.fake_world import fake_world
@@ -97,8 +110,10 @@ def simulate_rank(spec, layout, rank: int, gpu: bool = False) -> RankResult:
         before = _resident(runner)
         recorder = StepRecorder()
         hooks = _optimizer_phase(recorder)
+        capability = _capability(gpu)
+        attention = GpuAttention(capability) if capability else contextlib.nullcontext()
         try:
-            with recorder, (GpuAttention() if gpu else contextlib.nullcontext()):
+            with recorder, attention:
                 runner.train_step(batch)
         finally:
             for h in hooks:
@@ -111,7 +126,8 @@ def simulate_rank(spec, layout, rank: int, gpu: bool = False) -> RankResult:
         memory = dict(after, peak=base + recorder.peak,
                       activation=max(0, base + recorder.peak - sum(after.values())))
         result = RankResult(rank, recorder.ops, recorder.collectives, memory, params,
-                            totals=recorder.totals())
+                            totals=recorder.totals(),
+                            attention=dict(getattr(attention, "chosen", {})))
         modelled.finish(result, runner)
         return result
 
@@ -155,7 +171,7 @@ def _optimizer_phase(recorder: StepRecorder) -> List[Any]:
     return [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
 
 
-def _rank_json(spec_json: str, layout: Dict[str, int], rank: int, gpu: bool) -> Dict[str, Any]:
+def _rank_json(spec_json: str, layout: Dict[str, int], rank: int, gpu: Any) -> Dict[str, Any]:
     """:func:`simulate_rank` of a JSON RunSpec and a layout record, as JSON (for
     :func:`simulate_rank_isolated`)."""
     from end2end.spec.layout import Layout
@@ -174,7 +190,7 @@ def rank_result_from_json(data: Dict[str, Any]) -> RankResult:
     return RankResult(**data)
 
 
-def simulate_rank_isolated(spec, layout, rank: int, gpu: bool = False
+def simulate_rank_isolated(spec, layout, rank: int, gpu: Any = False
                            ) -> RankResult:
     """:func:`simulate_rank` in a fresh process (:mod:`end2end.simulate.engine.isolated`): for a run
     that needs several simulations (pipeline stages, micro-batch extrapolation)."""

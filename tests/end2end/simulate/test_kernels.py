@@ -1,0 +1,80 @@
+"""Attention kernels chosen by PyTorch's own CUDA rules for the simulated GPU (issue 35):
+``sdp_utils.cpp``'s flash, memory-efficient and math eligibility by compute capability, dtype,
+head size, mask and causality, and what each keeps for the backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from end2end.simulate.cost.kernels import GpuAttention, select_kernel
+from end2end.simulate.engine.recorder import StepRecorder
+
+F16, BF16, F32 = torch.float16, torch.bfloat16, torch.float32
+V100, A100, H100, RTX4090 = (7, 0), (8, 0), (9, 0), (8, 9)
+
+
+def _qkv(d: int, dtype, lq: int = 128, lk: int = 128, dv: int = 0):
+    q = torch.empty(2, 4, lq, d, dtype=dtype, device="meta")
+    k = torch.empty(2, 4, lk, d, dtype=dtype, device="meta")
+    v = torch.empty(2, 4, lk, dv or d, dtype=dtype, device="meta")
+    return q, k, v
+
+
+@pytest.mark.parametrize("cap, d, dtype, mask, causal, want", [
+    (V100, 110, F16, False, True, "math"),       # GPT-2.9B on a V100: no flash, 110 % 8 != 0
+    (V100, 128, F16, True, False, "efficient"),  # BERT with its padding mask
+    (V100, 110, F32, False, False, "efficient"),  # fp32 below sm80: alignment 1
+    (V100, 64, BF16, False, False, "math"),      # no bf16 before sm80
+    (A100, 110, F16, False, True, "flash"),      # flash pads the head size itself
+    (A100, 64, F16, True, False, "efficient"),   # flash takes no attn_mask
+    (A100, 64, F32, False, False, "efficient"),  # flash: fp16/bf16 only
+    (A100, 66, F32, False, False, "math"),       # fp32 from sm80: alignment 4
+    (A100, 288, BF16, False, False, "efficient"),  # flash: head size <= 256
+    (H100, 128, BF16, False, True, "flash"),
+    (RTX4090, 200, F16, False, False, "efficient"),  # sm86-89 training, head in (192, 224]
+])
+def test_kernel_choice_follows_sdp_utils(cap, d, dtype, mask, causal, want):
+    q, k, v = _qkv(d, dtype)
+    assert select_kernel(q, k, v, mask, 0.1, causal, cap) == want
+
+
+def test_causal_with_a_longer_key_and_unequal_value_heads_leave_flash():
+    q, k, v = _qkv(64, F16, lq=64, lk=128)
+    assert select_kernel(q, k, v, False, 0.0, True, A100) == "efficient"
+    assert select_kernel(q, k, v, False, 0.0, False, A100) == "flash"
+    q, k, v = _qkv(64, F16, dv=128)
+    assert select_kernel(q, k, v, False, 0.0, False, A100) == "efficient"
+
+
+def _peak_and_kernels(cap, d: int, seq: int = 256):
+    with FakeTensorMode():
+        q, k, v = (torch.randn(2, 4, seq, d, dtype=F16, requires_grad=True) for _ in range(3))
+        mode = GpuAttention(cap)
+        with StepRecorder() as rec, mode:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1,
+                                                                   is_causal=True)
+            kept = rec.live  # what the forward left alive for the backward
+            out.sum().backward()
+    return kept, mode.chosen, rec
+
+
+def test_the_math_path_keeps_the_scores_and_the_fused_kernels_do_not():
+    """Head size 110 in fp16 on sm70 runs the math path, which keeps the B x H x s x s scores
+    for the backward (the fused kernels keep O(s) per row); its GEMMs are recorded as GEMMs
+    with their shapes, the fused kernels as one op with FLOPs."""
+    scores = 2 * 4 * 256 * 256 * 2
+    math_kept, math_chosen, math_rec = _peak_and_kernels(V100, 110)
+    fused_kept, fused_chosen, fused_rec = _peak_and_kernels(V100, 112)
+    flash_kept, flash_chosen, flash_rec = _peak_and_kernels(A100, 110)
+    assert math_chosen == {"math": 1} and fused_chosen == {"efficient": 1}
+    assert flash_chosen == {"flash": 1}
+    assert math_kept - fused_kept >= scores
+    assert abs(flash_kept - fused_kept) < scores / 4
+    gemms = [op for op in math_rec.ops if op.name in ("bmm", "mm")]
+    assert gemms and all(op.shape and op.shape[0] == 8 for op in gemms)
+    for rec, name in ((flash_rec, "_scaled_dot_product_flash_attention"),
+                      (fused_rec, "_scaled_dot_product_efficient_attention")):
+        fwd = [op for op in rec.ops if op.name == name]
+        assert len(fwd) == 1 and fwd[0].flops > 0, [op.name for op in rec.ops]
