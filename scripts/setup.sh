@@ -6,7 +6,7 @@
 #   SLAPO_VENV=/path bash scripts/setup.sh
 #   SLAPO_TORCH=cuda bash scripts/setup.sh   # which torch build: cpu, cuda or auto (default)
 #
-# Prerequisites (checked, one-line error each): Linux, Python >= 3.10 with its venv module
+# Prerequisites (checked, one-line error each): Linux, Python >= 3.11 with its venv module
 # (PYTHON=... picks another interpreter), ~3 GB free disk for a CPU venv (~8 GB with the CUDA
 # build of torch), and pip's package index reachable (PyPI, or a mirror pip is configured for).
 #
@@ -53,9 +53,9 @@ fi
 
 [[ "$(uname -s)" == Linux ]] || fail "Linux is required (this is $(uname -s)); use the Docker image (docker/README.md)"
 if [[ ! -x "$VENV/bin/python" ]]; then
-  command -v "$PY" >/dev/null || fail "'$PY' not found; install Python >= 3.10 or set PYTHON=..."
-  "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-    || fail "$("$PY" -V 2>&1) is too old; install Python >= 3.10 or set PYTHON=..."
+  command -v "$PY" >/dev/null || fail "'$PY' not found; install Python >= 3.11 or set PYTHON=..."
+  "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+    || fail "$("$PY" -V 2>&1) is too old; install Python >= 3.11 or set PYTHON=..."
   need_gb=$([[ $TORCH_BUILD == cuda ]] && echo 8 || echo 3)
   mkdir -p "$(dirname "$VENV")"
   free_gb=$(df -Pk "$(dirname "$VENV")" | awk 'NR==2 {print int($4 / 1048576)}')

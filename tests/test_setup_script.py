@@ -22,13 +22,15 @@ def _setup(tmp_path, **env):
 
 @pytest.mark.parametrize("env, message", [
     ({"SLAPO_TORCH": "rocm"}, "SLAPO_TORCH=rocm is not a torch build; use cpu, cuda or auto"),
-    ({"PYTHON": "/no/such/python3"}, "'/no/such/python3' not found; install Python >= 3.10"),
-    ({"PYTHON": "OLD"}, "Python 3.8.10 is too old; install Python >= 3.10"),
+    ({"PYTHON": "/no/such/python3"}, "'/no/such/python3' not found; install Python >= 3.11"),
+    ({"PYTHON": "OLD"}, "Python 3.8.10 is too old; install Python >= 3.11"),
+    ({"PYTHON": "3.10"}, "Python 3.10.12 is too old; install Python >= 3.11"),
 ])
 def test_bad_prerequisites_give_one_line_errors_and_create_nothing(tmp_path, env, message):
-    if env.get("PYTHON") == "OLD":  # an interpreter that says it is Python 3.8
-        old = tmp_path / "python3.8"
-        old.write_text('#!/bin/sh\n[ "$1" = -V ] && echo "Python 3.8.10" && exit 0\nexit 1\n')
+    if env.get("PYTHON") in ("OLD", "3.10"):  # an interpreter that says it is Python 3.8/3.10
+        version = "3.8.10" if env["PYTHON"] == "OLD" else "3.10.12"
+        old = tmp_path / "python-old"
+        old.write_text(f'#!/bin/sh\n[ "$1" = -V ] && echo "Python {version}" && exit 0\nexit 1\n')
         old.chmod(0o755)
         env = {"PYTHON": str(old)}
     run, venv = _setup(tmp_path, **env)
