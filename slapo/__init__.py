@@ -50,6 +50,8 @@ from .verification.rules import Problem, check_schedule
 from .verification.verify import Verify, VerifyOptions, VerifyReport, verify
 from .weights.checkpoint_io import load_checkpoint, save_checkpoint
 from .weights.delayed_init import init_empty_weights, materialize
+from .weights.hub_export import export_pretrained
+from .weights.hub_load import load_pretrained
 
 __version__ = "0.1.0"
 
@@ -60,6 +62,7 @@ __all__ = [
     "Primitive", "register_primitive", "list_primitives",
     "History", "HistoryEntry", "Deferred", "Subgraph", "call_module",
     "checkpoint", "init_empty_weights", "materialize", "save_checkpoint", "load_checkpoint",
+    "load_pretrained", "export_pretrained",
     "set_random_seed", "get_rng_tracker", "is_random_seed_set", "teardown",
     "sharding", "check_layouts", "reduce_replicated_grads", "keep_freed_memory",
     "SlapoError", "PathError", "PrimitiveError", "RegistryError", "ReplaceError",

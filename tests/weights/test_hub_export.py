@@ -1,0 +1,97 @@
+"""``slapo.export_pretrained``: a scheduled model (renamed, fused, sharded at TP 2 / EP 2) written
+back as a HuggingFace checkpoint that ``from_pretrained`` loads with the same logits, after a
+training step changed the weights; size-sharded files with an index; the stored layout is the
+one ``save_pretrained`` writes (same keys, shapes and, before training, the same bytes)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import slapo
+from slapo.model_schedule import apply_schedule
+from slapo.testing import run_distributed
+from tests.weights.test_hub_load import CASES, hub_model, inputs, meta_model, write_hub
+
+
+def auto_class(family: str):
+    import transformers as tf
+
+    return tf.AutoModelForMaskedLM if family == "bert" else tf.AutoModelForCausalLM
+
+
+def stored(path: str):
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".safetensors"):
+            out.update(load_file(os.path.join(path, f)))
+    return out
+
+
+def export_after_step(case: str, src: str, dst: str, group=None):
+    """Load ``src`` into the case's scheduled model, take one SGD step, export to ``dst``;
+    return the step's model's full logits on fresh inputs."""
+    from slapo.verification.tools import to_full
+
+    family, recipe, knobs = CASES[case]
+    model = meta_model(family)
+    sch = apply_schedule(model, recipe, group=group, **knobs)
+    slapo.load_pretrained(sch, src)
+    model, _ = slapo.build(sch)
+    slapo.export_pretrained(model, dst + "-untrained", max_shard_size="20KB")
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(**inputs(family)).loss.backward()
+    opt.step()
+    model.eval()
+    logits = model(**inputs(family)).logits.detach()
+    slapo.export_pretrained(model, dst, max_shard_size="20KB")
+    like = torch.empty(*logits.shape[:-1], hub_model(family).config.vocab_size)
+    return to_full(logits, group, like=like)
+
+
+def check_exported(family: str, src: str, dst: str, logits: torch.Tensor) -> None:
+    # before training: exactly what save_pretrained wrote (keys, shapes, bytes)
+    want, got = stored(src), stored(dst + "-untrained")
+    assert sorted(got) == sorted(want)
+    for k, t in want.items():
+        assert torch.equal(got[k], t), k
+    # after training: from_pretrained gives the trained sharded model's logits
+    assert os.path.isfile(os.path.join(dst, "model.safetensors.index.json"))
+    index = json.load(open(os.path.join(dst, "model.safetensors.index.json")))
+    assert len(set(index["weight_map"].values())) > 1 and os.path.isfile(
+        os.path.join(dst, "config.json"))
+    model = auto_class(family).from_pretrained(dst).eval()
+    torch.testing.assert_close(model(**inputs(family)).logits, logits, rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("case", ["gpt2", "qwen3_moe"])
+def test_one_rank_export_round_trip(tmp_path, case):
+    family = CASES[case][0]
+    write_hub(str(tmp_path), [family])
+    src, dst = str(tmp_path / family), str(tmp_path / f"{case}-out")
+    check_exported(family, src, dst, export_after_step(case, src, dst))
+
+
+def _tp2(tmp: str, cases):
+    out = {}
+    for case in cases:
+        family = CASES[case][0]
+        src, dst = os.path.join(tmp, family), os.path.join(tmp, f"{case}-out")
+        out[case] = export_after_step(case, src, dst)
+    return out
+
+
+def test_tp2_export_loads_with_from_pretrained(tmp_path):
+    cases = ["bert", "llama", "qwen3_moe", "qwen3_moe_tp"]
+    write_hub(str(tmp_path), sorted({CASES[c][0] for c in cases}))
+    results = run_distributed(_tp2, 2, str(tmp_path), cases, timeout=240)
+    for case in cases:
+        family = CASES[case][0]
+        torch.testing.assert_close(results[0][case], results[1][case])
+        check_exported(family, str(tmp_path / family), str(tmp_path / f"{case}-out"),
+                       results[0][case])

@@ -1,0 +1,234 @@
+"""``slapo.load_pretrained``: tiny Hub-format checkpoints (written by ``save_pretrained``) of BERT,
+GPT-2, LLaMA, Qwen3 and Qwen3-MoE load into meta models scheduled by the recipes, at 1 rank and at
+TP 2 (and EP 2 for the experts), with the logits and gradients of ``from_pretrained``'s model;
+bad checkpoints are refused with one line and change nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+import slapo
+from slapo.model_schedule import apply_schedule
+from slapo.testing import MLP, example_inputs, run_distributed, tiny_config, tiny_model
+from slapo.testing.models import tiny_plan_config, tiny_plan_model
+
+# case -> (family, recipe, knobs); qwen3 and qwen3_moe use the "auto" schedule, the MoE once
+# with whole experts per rank and once with every expert's packed gate|up split over the ranks
+CASES = {
+    "bert": ("bert", "bert", {}),
+    "gpt2": ("gpt2", "gpt2", {}),
+    "llama": ("llama", "llama", {}),
+    "qwen3": ("qwen3", "auto", {}),
+    "qwen3_moe": ("qwen3_moe", "auto", {"expert_parallel": True}),
+    "qwen3_moe_tp": ("qwen3_moe", "auto", {}),
+}
+
+
+def hub_model(family: str, seed: int = 3):
+    """A seeded tiny HF model of ``family`` (a config-built stand-in for Hub weights)."""
+    if family in ("qwen3", "qwen3_moe"):
+        return tiny_plan_model(family, seed=seed)
+    return tiny_model(family, seed=seed)
+
+
+def meta_model(family: str):
+    import transformers as tf
+
+    with slapo.init_empty_weights():
+        if family in ("qwen3", "qwen3_moe"):
+            return tf.AutoModelForCausalLM.from_config(tiny_plan_config(family))
+        return type(hub_model(family))(tiny_config(family))
+
+
+def inputs(family: str):
+    out = example_inputs(family)
+    out["labels"] = out["input_ids"].masked_fill(out["attention_mask"] == 0, -100)
+    return out
+
+
+def write_hub(tmp, families=None, max_shard_size=None):
+    """``save_pretrained`` each family into ``tmp/<family>`` (several shards when asked)."""
+    for fam in families or sorted({c[0] for c in CASES.values()}):
+        kw = {"max_shard_size": max_shard_size} if max_shard_size else {}
+        hub_model(fam).save_pretrained(os.path.join(tmp, fam), **kw)
+
+
+def run_loaded(case: str, path: str, group=None):
+    """Schedule a meta model with the case's recipe, load the checkpoint, build; return the
+    full logits and the full gradient of the word embedding after one backward."""
+    from slapo.verification.tools import to_full
+
+    family, recipe, knobs = CASES[case]
+    model = meta_model(family)
+    sch = apply_schedule(model, recipe, group=group, **knobs)
+    slapo.load_pretrained(sch, path)
+    model, _ = slapo.build(sch)
+    out = model(**inputs(family))
+    out.loss.backward()
+    emb = model.get_input_embeddings().weight
+    return (to_full(out.logits.detach(), group, like=reference(family, path)[0], param=None),
+            to_full(emb.grad, group, emb.grad, param=emb), out.loss.detach())
+
+
+def reference(family: str, path: str):
+    """``from_pretrained``'s logits, embedding gradient and loss (cached per path)."""
+    import transformers as tf
+
+    if path not in _REFS:
+        model = tf.AutoModelForMaskedLM.from_pretrained(path) if family == "bert" else \
+            tf.AutoModelForCausalLM.from_pretrained(path)
+        model.train()
+        out = model(**inputs(family))
+        out.loss.backward()
+        _REFS[path] = (out.logits.detach(), model.get_input_embeddings().weight.grad,
+                       out.loss.detach())
+    return _REFS[path]
+
+
+_REFS: dict = {}
+
+
+def compare(family: str, path: str, got) -> None:
+    want = reference(family, path)
+    for what, a, b in zip(("logits", "embedding grad", "loss"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5,
+                                   msg=lambda m, w=what: f"{family} {w}: {m}")
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen3_moe"])
+def test_one_rank_matches_from_pretrained(tmp_path, family):
+    write_hub(str(tmp_path), [family])
+    path = str(tmp_path / family)
+    compare(family, path, run_loaded(family, path))
+
+
+def _tp2(tmp: str):
+    out = {}
+    for case, (fam, recipe, knobs) in CASES.items():
+        path = os.path.join(tmp, fam)
+        got = run_loaded(case, path)
+        want = reference(fam, path)
+        out[case] = [float((a - b).abs().max()) for a, b in zip(got, want)]
+        model = meta_model(fam)
+        slapo.load_pretrained(apply_schedule(model, recipe, **knobs), path)
+        held = sum(p.numel() for p in model.parameters())
+        out[case].append(held / sum(p.numel() for p in hub_model(fam).parameters()))
+    return out
+
+
+def test_tp2_and_ep2_match_from_pretrained(tmp_path):
+    write_hub(str(tmp_path), max_shard_size="20KB")  # several shards + index
+    assert os.path.isfile(tmp_path / "llama" / "model.safetensors.index.json")
+    for rank, res in enumerate(run_distributed(_tp2, 2, str(tmp_path), timeout=240)):
+        for fam, (logits, grad, loss, share) in res.items():
+            assert logits < 2e-5 and grad < 2e-5 and loss < 2e-5, (rank, fam, res[fam])
+            assert share < 0.8, (rank, fam, share)  # each rank holds its shards only
+
+
+# ------------------------------------------------------------------------------- refusals
+def snapshot(model):
+    return {n: t.detach().clone() for n, t in model.state_dict().items()}
+
+
+def test_bad_checkpoints_are_refused_and_nothing_changes(tmp_path):
+    good = str(tmp_path / "good")
+    hub_model("llama").save_pretrained(good, max_shard_size="20KB")
+    index = json.load(open(os.path.join(good, "model.safetensors.index.json")))
+    last = sorted(set(index["weight_map"].values()))[-1]
+
+    def refused(match, mutate=None, model=None):
+        d = str(tmp_path / f"case{refused.n}")
+        refused.n += 1
+        shutil.copytree(good, d)
+        if mutate:
+            mutate(d)
+        model = model or tiny_model("llama", seed=7)
+        before = snapshot(model)
+        with pytest.raises(slapo.CheckpointIOError, match=match) as info:
+            slapo.load_pretrained(model, d)
+        assert "\n" not in str(info.value)
+        for n, t in model.state_dict().items():
+            assert torch.equal(t, before[n]), n
+
+    refused.n = 0
+    refused(rf"'{last}' is truncated", lambda d: open(os.path.join(d, last), "r+b").truncate(
+        os.path.getsize(os.path.join(d, last)) - 7))
+    refused(rf"shard '{last}' named by model.safetensors.index.json is missing",
+            lambda d: os.remove(os.path.join(d, last)))
+    refused(r"'model.embed_tokens.weight' in the checkpoint has shape \[128, 32\] but the "
+            r"model's 'model.embed_tokens.weight' is \[128, 48\]",
+            model=tiny_model("llama", hidden_size=48, num_attention_heads=4))
+    refused(r"'lm_head.weight' is stored as int64 but the model's 'lm_head.weight' is "
+            r"float32 \(mismatched dtype\)", lambda d: _retype(d, "lm_head.weight"))
+    refused(r"not in the checkpoint: 'model.norm.weight'", lambda d: _drop(d, "model.norm.weight"))
+    refused(r"fit no tensor of the model: 'model.extra'",
+            lambda d: _add(d, "model.extra", torch.zeros(3)))
+    refused(r"no \*.safetensors file", lambda d: [os.remove(os.path.join(d, f))
+                                                   for f in os.listdir(d)])
+    # a dtype the header declares that its bytes contradict
+    refused(r"holds .* bytes \(mismatched dtype or shape\)", lambda d: _lie_dtype(d))
+    # floating dtypes convert: a bf16 checkpoint loads into fp32 like from_pretrained's
+    model = tiny_model("llama", seed=7)
+    half = str(tmp_path / "bf16")
+    hub_model("llama").to(torch.bfloat16).save_pretrained(half)
+    slapo.load_pretrained(model, half)
+    w = hub_model("llama").to(torch.bfloat16).model.embed_tokens.weight.float()
+    assert torch.equal(model.model.embed_tokens.weight, w)
+    with pytest.raises(slapo.CheckpointIOError, match="expected a model or a Schedule"):
+        slapo.load_pretrained(3, good)
+    with pytest.raises(slapo.CheckpointIOError, match="is not a directory"):
+        slapo.load_pretrained(MLP(), str(tmp_path / "nowhere"))
+
+
+def _rewrite(d, fn):
+    from safetensors.torch import load_file, save_file
+
+    index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+    for fname in sorted(set(index["weight_map"].values())):
+        tensors = load_file(os.path.join(d, fname))
+        changed = fn(tensors, fname, index)
+        if changed:
+            save_file(tensors, os.path.join(d, fname), metadata={"format": "pt"})
+    json.dump(index, open(os.path.join(d, "model.safetensors.index.json"), "w"))
+
+
+def _retype(d, key):
+    def fn(tensors, fname, index):
+        if key in tensors:
+            tensors[key] = tensors[key].long()
+            return True
+    _rewrite(d, fn)
+
+
+def _drop(d, key):
+    def fn(tensors, fname, index):
+        if key in tensors:
+            del tensors[key]
+            del index["weight_map"][key]
+            return True
+    _rewrite(d, fn)
+
+
+def _add(d, key, value):
+    def fn(tensors, fname, index):
+        if not index["weight_map"].get(key):
+            tensors[key] = value
+            index["weight_map"][key] = fname
+            return True
+    _rewrite(d, fn)
+
+
+def _lie_dtype(d):
+    """Edit one header entry's dtype from F32 to F16 (same length string) in place."""
+    fname = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))[0]
+    path = os.path.join(d, fname)
+    data = bytearray(open(path, "rb").read())
+    at = data.find(b'"dtype":"F32"')
+    assert at > 0
+    data[at:at + 13] = b'"dtype":"F16"'
+    open(path, "wb").write(bytes(data))
