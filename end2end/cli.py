@@ -103,7 +103,9 @@ def report_errors(prog: str, run: Callable[[], int], debug: bool) -> int:
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """``--model``, ``--seq-len``, ``--dec-seq-len`` and ``--batch-size``: what a run trains
     (the driver's and ``end2end.ab``'s command lines)."""
-    p.add_argument("--model", required=True, help="a zoo name (python -m end2end.models)")
+    p.add_argument("--model", required=True,
+                   help="a zoo name (python -m end2end.models), a shape FAMILY:key=value,... "
+                        "or the path of an HF config.json")
     p.add_argument("--seq-len", type=number(int, minimum=1), required=True,
                    help="encoder sequence length (WideResNet: 1)")
     p.add_argument("--dec-seq-len", type=number(int, minimum=0), default=0,

@@ -23,10 +23,12 @@ from torch import nn
 
 from slapo.errors import ConfigError
 
+from end2end.models.shaped import ModelShapeError, shaped_spec
 from end2end.models.zoo import FAMILIES, ZOO, ModelSpec
 
 __all__ = [
-    "ModelSpec", "UnknownModelError", "list_models", "get_model_spec", "build_hf_config",
+    "ModelSpec", "UnknownModelError", "ModelShapeError", "list_models", "get_model_spec",
+    "build_hf_config",
     "build_model", "make_inputs", "scale_down", "count_parameters", "MODEL_CLASSES",
     "CONFIG_CLASSES",
 ]
@@ -67,11 +69,16 @@ def list_models() -> List[str]:
 
 
 def get_model_spec(name: SpecLike) -> ModelSpec:
-    """The :class:`ModelSpec` of ``name``: exact, then case-insensitive, then without ``org/``."""
+    """The :class:`ModelSpec` of ``name``: a zoo name (exact, then case-insensitive, then
+    without ``org/``), a shape ``FAMILY:key=value,...`` or a path to an HF ``config.json``
+    (:mod:`end2end.models.shaped`; :class:`ModelShapeError` when it is wrong)."""
     if isinstance(name, ModelSpec):
         return name
     if name in ZOO:
         return ZOO[name]
+    shaped = shaped_spec(name)
+    if shaped is not None:
+        return shaped
     lowered = {k.lower(): v for k, v in ZOO.items()}
     if name.lower() in lowered:
         return lowered[name.lower()]
@@ -80,7 +87,8 @@ def get_model_spec(name: SpecLike) -> ModelSpec:
         return short[name.split("/")[-1].lower()]
     close = difflib.get_close_matches(name, list(ZOO), n=3, cutoff=0.5)
     hint = (f"did you mean {', '.join(close)}?" if close else
-            "add it to end2end/models/zoo.py (python -m end2end.models lists the names)")
+            "add it to end2end/models/zoo.py, write a shape FAMILY:key=value,... or the path "
+            "of an HF config.json (python -m end2end.models lists the names)")
     raise UnknownModelError(f"unknown model {name!r}", hint=hint)
 
 

@@ -1,12 +1,13 @@
-"""``python -m end2end.models``: the model zoo as a table (names a config line's MODEL takes,
-their sizes and parameter counts counted on the meta device)."""
+"""``python -m end2end.models [MODEL ...]``: the model zoo as a table (names a config line's MODEL
+takes, their sizes and parameter counts counted on the meta device); with MODELs, those rows
+only, shapes (``gpt2:layers=24,...``) and HF ``config.json`` paths included."""
 
 from __future__ import annotations
 
 from typing import List, Optional
 
-from end2end.models.build import build_model, count_parameters, list_models
-from end2end.models.zoo import FAMILIES, ZOO
+from end2end.models.build import build_model, count_parameters, get_model_spec, list_models
+from end2end.models.zoo import FAMILIES
 
 __all__ = ["build_parser", "main"]
 
@@ -27,6 +28,9 @@ def build_parser():
         description="List the benchmark model zoo: the names a config line's MODEL takes, "
                     "their sizes and parameter counts (built on the meta device: no memory, "
                     "no downloads).")
+    parser.add_argument("models", nargs="*", metavar="MODEL",
+                        help="only these models: zoo names, shapes FAMILY:key=value,... or "
+                             "paths of HF config.json files (default: the whole zoo)")
     parser.add_argument("--family", choices=sorted(FAMILIES),
                         help="only this family (default: all)")
     parser.add_argument("--no-params", dest="params", action="store_false",
@@ -37,12 +41,18 @@ def build_parser():
 def main(argv: Optional[List[str]] = None) -> int:
     """``python -m end2end.models``: the zoo as a table (name, family, paper label, parameters
     counted on the meta device, shape, notes)."""
+    from end2end.cli import report_errors
+
     args = build_parser().parse_args(argv)
+    return report_errors("end2end.models", lambda: _table(args), debug=False)
+
+
+def _table(args) -> int:
     header = f"{'NAME':28s} {'FAMILY':10s} {'PAPER LABEL':18s} {'PARAMS':>9s}  SHAPE / NOTE"
     print(header)
     print("-" * len(header))
-    for name in list_models():
-        s = ZOO[name]
+    for name in args.models or list_models():
+        s = get_model_spec(name)
         if args.family and s.family != args.family:
             continue
         layers = f"L{s.layers}" + (f"+{s.decoder_layers}" if s.decoder_layers else "")

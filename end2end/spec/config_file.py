@@ -8,7 +8,9 @@ One benchmark case per line (whitespace separated, shell-style quotes)::
 * ``#`` starts a comment (whole line or trailing); blank lines are skipped.
 * MODE: ``megatron slapo-megatron deepspeed slapo-deepspeed eager slapo`` and the PyTorch peers
   ``fsdp slapo-fsdp dtensor-tp`` (the table of modes, :mod:`end2end.spec.modes`).
-* MODEL: a name from the zoo (``python -m end2end.models``).
+* MODEL: a name from the zoo (``python -m end2end.models``), a zoo family with the zoo's field
+  names as overrides ``FAMILY:key=value,...`` (``gpt2:layers=24,hidden=1920,heads=15``) or the
+  path of an HF ``config.json`` (:mod:`end2end.models.shaped`).
 * GPUS: ``2``, ``2,4,8`` or ``pow2`` (1, 2, 4, ... up to the largest power of two <= the
   available devices/ranks, passed as ``max_devices``). On CPU "GPUs" are gloo ranks.
 * SEQ_LEN (encoder length; WideResNet ignores it, write 1), DEC_SEQ_LEN (T5 only, else 0).
@@ -42,6 +44,7 @@ from slapo.errors import ConfigError, SlapoError
 from end2end.spec.expr import check_expression, evaluate_batch_size
 from end2end.spec.knobs import check_run_knobs, format_knobs, parse_knobs
 from end2end.models import get_model_spec
+from end2end.models.shaped import valid_keys
 from end2end.spec.modes import RETIRED_MODES, get_mode
 from end2end.spec.runspec import DTYPES as _DTYPE_NAMES
 from end2end.spec.runspec import (MODES, SLAPO_MODES, ConfigLine, RunSpec, default_parallel_sizes,
@@ -188,8 +191,11 @@ def _parse_line(tokens: List[str], source: str, strict: bool,
         raise ConfigLineError(source, f"DEC_SEQ_LEN {dec_len} given for {model}, which has no "
                               "decoder", hint="write 0")
     if not spec.is_vision and seq_len > spec.max_positions:
+        hint = "shorten the sequence"
+        if "max_positions" in valid_keys(spec.family) and ":" in model:
+            hint += f" or add max_positions={seq_len} to the shape"
         raise ConfigLineError(source, f"SEQ_LEN {seq_len} exceeds the {spec.max_positions} "
-                              f"positions of {model}", hint="shorten the sequence")
+                              f"positions of {model}", hint=hint)
     try:
         check_expression(batch)
         check_run_knobs(mode, spec.schedule, str(options.get("knobs", "")), source)
