@@ -25,9 +25,16 @@ from .checkpoint_format import regions_of
 from .hub_files import StoredTensor, read_hub_directory
 from .hub_plan import DerivedGroup, DirectPlan, HubPlan, plan_hub_load, positions
 
-__all__ = ["load_pretrained"]
+__all__ = ["load_pretrained", "last_read_bytes"]
 
 CALL = "load_pretrained"
+_STATS = {"read_bytes": 0}
+
+
+def last_read_bytes() -> int:
+    """Bytes of stored tensors this process read in its last :func:`load_pretrained` (what a
+    rank reads is about its shards' size: the memory benchmark and the tests check it)."""
+    return _STATS["read_bytes"]
 
 
 def _target(target: Any) -> Tuple[nn.Module, str]:
@@ -120,6 +127,7 @@ def load_pretrained(target: Any, path: str, *, group: Optional[Any] = None,
             _copy_direct(d, reader)
         for g in plan.derived:
             _copy_derived(g, reader)
+    _STATS["read_bytes"] = reader.bytes
     return model
 
 
@@ -175,6 +183,7 @@ class _Reader:
         self._open = safe_open
         self._stack = contextlib.ExitStack()
         self._files: Dict[str, Any] = {}
+        self.bytes = 0
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -185,9 +194,9 @@ class _Reader:
         if handle is None:
             handle = self._stack.enter_context(self._open(st.file, framework="pt"))
             self._files[st.file] = handle
-        if not st.shape:
-            return handle.get_tensor(st.key)
-        return handle.get_slice(st.key)[index]
+        out = handle.get_tensor(st.key) if not st.shape else handle.get_slice(st.key)[index]
+        self.bytes += out.numel() * out.element_size()
+        return out
 
 
 def _copy_direct(d: DirectPlan, reader: _Reader) -> None:

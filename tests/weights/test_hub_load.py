@@ -16,6 +16,7 @@ import slapo
 from slapo.model_schedule import apply_schedule
 from slapo.testing import MLP, example_inputs, run_distributed, tiny_config, tiny_model
 from slapo.testing.models import tiny_plan_config, tiny_plan_model
+from slapo.weights.hub_load import last_read_bytes
 
 # case -> (family, recipe, knobs); qwen3 and qwen3_moe use the "auto" schedule, the MoE once
 # with whole experts per rank and once with every expert's packed gate|up split over the ranks
@@ -117,17 +118,47 @@ def _tp2(tmp: str):
         model = meta_model(fam)
         slapo.load_pretrained(apply_schedule(model, recipe, **knobs), path)
         held = sum(p.numel() for p in model.parameters())
-        out[case].append(held / sum(p.numel() for p in hub_model(fam).parameters()))
+        whole = hub_model(fam).parameters()
+        out[case].append(held / sum(p.numel() for p in whole))
+        out[case].append(last_read_bytes() / stored_bytes(path))
+    out["padded"] = padded_vocab(os.path.join(tmp, "llama"))
     return out
+
+
+def stored_bytes(path: str) -> int:
+    from slapo.weights.hub_files import read_hub_directory
+
+    return sum(t.numel * t.dtype.itemsize for t in read_hub_directory(path).values())
+
+
+def padded_vocab(path: str) -> float:
+    """LLaMA with its vocabulary padded from 128 to 132 rows (66 per rank at TP 2): the first
+    128 logits are ``from_pretrained``'s, the padded rows are zeros."""
+    import transformers as tf
+    from slapo.verification.tools import to_full
+
+    with slapo.init_empty_weights():
+        model = tf.LlamaForCausalLM(tiny_config("llama", vocab_size=132))
+    sch = apply_schedule(model, "llama", vocab_parallel_loss=False)
+    slapo.load_pretrained(sch, path)
+    model, _ = slapo.build(sch)
+    head = model.lm_head.weight
+    full = to_full(head.detach(), None, head, param=head)
+    assert torch.count_nonzero(full[128:]) == 0 and torch.count_nonzero(full[:128]) > 0
+    logits = model(**inputs("llama")).logits.detach()
+    want = reference("llama", path)[0]
+    return float((logits[..., :128] - want).abs().max())
 
 
 def test_tp2_and_ep2_match_from_pretrained(tmp_path):
     write_hub(str(tmp_path), max_shard_size="20KB")  # several shards + index
     assert os.path.isfile(tmp_path / "llama" / "model.safetensors.index.json")
     for rank, res in enumerate(run_distributed(_tp2, 2, str(tmp_path), timeout=240)):
-        for fam, (logits, grad, loss, share) in res.items():
+        assert res.pop("padded") < 2e-5, (rank, "padded vocabulary")
+        for fam, (logits, grad, loss, held, read) in res.items():
             assert logits < 2e-5 and grad < 2e-5 and loss < 2e-5, (rank, fam, res[fam])
-            assert share < 0.8, (rank, fam, share)  # each rank holds its shards only
+            assert held < 0.8, (rank, fam, held)  # each rank holds its shards only
+            assert read < 0.8, (rank, fam, read)  # and reads about as much
 
 
 # ------------------------------------------------------------------------------- refusals
@@ -232,3 +263,41 @@ def _lie_dtype(d):
     assert at > 0
     data[at:at + 13] = b'"dtype":"F16"'
     open(path, "wb").write(bytes(data))
+
+
+# ------------------------------------------------------------------------- pipeline stages
+def _pp2(path: str):
+    """LLaMA cut into 2 pipeline stages by its recipe: loaded before build (the schedule) and
+    after build (this rank's stage only, its slices only); the first step's loss."""
+    import torch.distributed as dist
+    import transformers as tf
+
+    solo, _ = dist.new_subgroups(group_size=1)  # no tensor parallelism: PP 2
+    out = {}
+    for when in ("before_build", "after_build"):
+        with slapo.init_empty_weights():
+            model = tf.LlamaForCausalLM(tiny_config("llama", num_hidden_layers=4))
+        sch = apply_schedule(model, "llama", group=solo, pipeline_cuts=[1],
+                             example_inputs=example_inputs("llama", batch=4))
+        if when == "before_build":
+            slapo.load_pretrained(sch, path)
+        built, _ = slapo.build(sch, target="torch", n_microbatches=2, init_weights=True,
+                               optimizer=lambda p: torch.optim.SGD(p, lr=0.1))
+        if when == "after_build":
+            slapo.load_pretrained(built.module, path)
+            out["read"] = last_read_bytes() / stored_bytes(path)
+        out[when] = built.train_step(example_inputs("llama", batch=4, seed=1))
+    return out
+
+
+def test_pp2_stages_load_their_layers(tmp_path):
+    import transformers as tf
+
+    path = str(tmp_path / "llama4")
+    tiny_model("llama", seed=3, num_hidden_layers=4).save_pretrained(path)
+    want = tf.LlamaForCausalLM.from_pretrained(path)(
+        **example_inputs("llama", batch=4, seed=1)).loss.item()
+    for rank, res in enumerate(run_distributed(_pp2, 2, path, timeout=240)):
+        assert res["before_build"] == pytest.approx(want, rel=1e-5), (rank, res)
+        assert res["after_build"] == pytest.approx(want, rel=1e-5), (rank, res)
+        assert res["read"] < 0.75, (rank, res)  # a stage reads its own layers
