@@ -67,8 +67,8 @@ def _modes(root: Path, args: Sequence[str]) -> str:
 
 @generator("results")
 def _results(root: Path, args: Sequence[str]) -> str:
-    from end2end.results.summary import (GROUPS, figure7_table, format_markdown, is_predicted,
-                                         speedups)
+    from end2end.results.summary import (GROUPS, busy_note, figure7_table, format_markdown,
+                                         is_predicted, speedups)
     from end2end.spec.modes import PEER_GROUPS
 
     unknown = [a for a in args if a.startswith("--") and a != "--peers"]
@@ -87,6 +87,7 @@ def _results(root: Path, args: Sequence[str]) -> str:
         note = (f"Samples/s of the whole job: median (min-max) over {len(rounds)} interleaved "
                 "round(s); a ratio is the median of the per-round ratios (min-max), `~` when "
                 "its rounds straddle 1.0 (within noise).")
+    note = " ".join(filter(None, [note, busy_note(table)]))
     return (format_markdown(table, speedups(table), PEER_GROUPS if peers else GROUPS)
             + "\n\n" + note)
 
@@ -95,8 +96,8 @@ def _results(root: Path, args: Sequence[str]) -> str:
 def _best(root: Path, args: Sequence[str]) -> str:
     """Per workload and rank count, the best Slapo bar against the best baseline bar (the
     paper's conclusion), beside the paired statistics of the ``results`` block."""
-    from end2end.results.summary import (BASELINES, figure7_table, is_slapo_system, label_of,
-                                         ratio_text, speedups)
+    from end2end.results.summary import (BASELINES, BUSY_MARK, busy_note, figure7_table,
+                                         is_slapo_system, label_of, ratio_text, speedups)
 
     rows = result_rows(results_path(root, args, "best"))
     table = figure7_table(rows, best=True)
@@ -113,10 +114,11 @@ def _best(root: Path, args: Sequence[str]) -> str:
         seq = f"{item.panel.seq}" + (f"/{item.panel.dec_seq}" if item.panel.dec_seq else "")
         lines.append(f"| `{item.panel.model}` ({seq}), {item.n} | {label_of(top)} "
                      f"{cells[top].thrpt:.3g} | {label_of(ref)} {cells[ref].thrpt:.3g} | "
-                     f"{ratio_text(item.ratio)} |")
-    return "\n".join(lines) + ("\n\nEach side at its best system and setting (batch, ckpt), as "
-                               "the paper's Figure 7 compares; samples/s are medians over the "
-                               "rounds, the ratio as in the table above.")
+                     f"{ratio_text(item.ratio)}"
+                     f"{BUSY_MARK if cells[top].busy or cells[ref].busy else ''} |")
+    note = ("Each side at its best system and setting (batch, ckpt), as the paper's Figure 7 "
+            "compares; samples/s are medians over the rounds, the ratio as in the table above.")
+    return "\n".join(lines) + "\n\n" + " ".join(filter(None, [note, busy_note(table)]))
 
 
 @generator("tsv")

@@ -9,7 +9,9 @@ are repeats (the sweep's interleaved rounds, ``--repeat``): the bar is their med
 (:mod:`end2end.results.stats`). A speedup is the median of the per-round ratios (rounds that
 do not pair up: the ratio of the medians); with repeats it carries the range of the per-round
 ratios and is "within noise" (``~``) when that range includes 1.0 (rounds that
-do not pair up: when the two bars' ranges overlap).
+do not pair up: when the two bars' ranges overlap). A bar with a repeat measured while the
+machine was busy (the row's ``Machine`` column, :mod:`end2end.sweep.quiet`) and every ratio
+that uses it are marked ``!`` in the tables (:data:`BUSY_MARK`, :data:`BUSY_NOTE`).
 Everything here comes from the rows; nothing is a constant. The rows are aggregated as a pandas
 DataFrame (:func:`end2end.results.stats.to_frame`): grouped into settings and bars, the best
 bars of each side picked per panel, the Markdown table pivoted from the cells.
@@ -33,7 +35,7 @@ __all__ = ["SYSTEMS", "GROUPS", "PEER_GROUPS", "PAIRS", "BASELINES", "LABEL", "C
            "PlotError", "Panel", "Cell", "Speedup", "system_of", "base_system", "label_of",
            "baselines_of", "is_slapo_system", "figure7_table", "is_predicted", "figure_systems",
            "panel_systems", "panel_title", "speedups", "format_speedups", "format_markdown",
-           "ratio_text"]
+           "ratio_text", "BUSY_MARK", "BUSY_NOTE", "busy_note"]
 
 # Everything about a system comes from the table of modes (end2end/spec/modes.py):
 # (impl, legend label, colour) per mode, in the table's order.
@@ -73,6 +75,7 @@ class Cell:
     settings: Tuple[Tuple[int, str], ...] = ()  # the (batch, ckpt) settings of its rows
     samples: Samples = Samples()  # (repeat, samples/s) of the bar's setting, ok rows
     failed: int = 0  # repeats of the bar's setting that were not ok
+    busy: int = 0  # repeats of the bar's setting measured while the machine was busy
 
 
 Table = Dict[Panel, Dict[int, Dict[str, Cell]]]  # panel -> n -> impl -> cell
@@ -136,8 +139,9 @@ def _setting_frame(frame: pd.DataFrame) -> pd.DataFrame:
     repeat index appears twice (e.g. a run appended to two files)."""
     keys = BAR + SETTING
     ok = frame.Status.isin(("ok", "sim")) & frame.Thrpt.notna()  # sim: a predicted bar
-    out = frame.assign(Failed=~ok).groupby(keys, sort=False).agg(
-        Rows=("Status", "size"), Failed=("Failed", "sum"))
+    busy = frame.Machine.str.startswith("busy")
+    out = frame.assign(Failed=~ok, Busy=busy).groupby(keys, sort=False).agg(
+        Rows=("Status", "size"), Failed=("Failed", "sum"), Busy=("Busy", "sum"))
     out["Status"] = frame[~ok].groupby(keys, sort=False).Status.agg(
         lambda s: _failure(s.tolist()))
     rounds = frame[ok].groupby(keys + ["Repeat"], sort=False).Thrpt.max()
@@ -156,7 +160,8 @@ def _bar_cell(bar: pd.DataFrame, settings: Tuple[Tuple[int, str], ...]) -> Cell:
     count, batch, failed = int(bar.Rows.sum()), int(chosen.Batch), int(chosen.Failed)
     if pd.isna(chosen.Thrpt):
         return Cell(None, _failure(bar.Status.tolist()), count, batch, settings, failed=failed)
-    return Cell(float(chosen.Thrpt), "ok", count, batch, settings, chosen.Samples, failed)
+    return Cell(float(chosen.Thrpt), "ok", count, batch, settings, chosen.Samples, failed,
+                int(chosen.Busy))
 
 
 def figure_systems(table: Table, groups: Sequence[Sequence[str]] = GROUPS) -> List[str]:
@@ -358,7 +363,8 @@ def _markdown_cells(table: Table, items: Sequence[Speedup], systems: List[str],
                for panel, per_n in table.items() for n, cells in per_n.items()
                for system, cell in cells.items()]
     records += [(place[s.panel], s.n, rows[s.panel, s.n], column[s.system, s.baseline],
-                 ratio_text(s.ratio)) for s in items
+                 ratio_text(s.ratio) + _busy_mark(table[s.panel][s.n], s.system, s.baseline))
+                for s in items
                 if (s.system, s.baseline) in column and (s.panel, s.n) in rows]
     texts = pd.DataFrame(records, columns=["PanelNo", "n", "Row", "Column", "Text"])
     return texts.drop_duplicates(["PanelNo", "n", "Column"], keep="last")
@@ -375,6 +381,25 @@ def ratio_text(ratio: Ratio) -> str:
 def _cell_text(cell: Cell) -> str:
     if cell.thrpt is None:
         return cell.status
+    mark = BUSY_MARK if cell.busy else ""
     if len(cell.samples) < 2:
-        return f"{cell.thrpt:.3g}"
-    return f"{cell.thrpt:.3g} ({cell.samples.lo:.3g}-{cell.samples.hi:.3g})"
+        return f"{cell.thrpt:.3g}{mark}"
+    return f"{cell.thrpt:.3g} ({cell.samples.lo:.3g}-{cell.samples.hi:.3g}){mark}"
+
+
+BUSY_MARK = " !"
+BUSY_NOTE = ("`!`: a round of this bar (or of either side of this ratio) was measured while the "
+             "machine was busy (the rows' `Machine` column); re-measure it on a quiet machine "
+             "(`python -m end2end.sweep --require-quiet`).")
+
+
+def _busy_mark(cells: Dict[str, Cell], *systems: str) -> str:
+    """``BUSY_MARK`` when a bar of ``systems`` at one (panel, n) had a busy round."""
+    return BUSY_MARK if any(cells[s].busy for s in systems if s in cells) else ""
+
+
+def busy_note(table: Table) -> str:
+    """:data:`BUSY_NOTE` when a bar of ``table`` had a busy round, else ``""``."""
+    busy = any(c.busy for per_n in table.values() for cells in per_n.values()
+               for c in cells.values())
+    return BUSY_NOTE if busy else ""

@@ -10,6 +10,10 @@ timeout, logging to ``<results>.logs/``. The driver appends the row itself; if i
 one, the sweep appends a ``fail``/``timeout`` row with the log's last line, and runs that need
 more devices than available get a ``skipped`` row: every run of the config ends as a row.
 
+The sweep watches the machine over every run (:mod:`end2end.sweep.quiet`) and writes the verdict
+into the run's row (column ``Machine``: ``quiet (...)``/``busy (...)``); ``--require-quiet``
+waits, at most ``--quiet-wait`` seconds, for a quiet machine before each run, or refuses.
+
 Ctrl-C/SIGTERM stop the current run with its whole process tree (:mod:`end2end.sweep.procs`), cut
 the results file back to where the run started, print how to resume and exit 130; the sweep
 holds :class:`~end2end.sweep.lock.SweepLock` on the results file for its lifetime. Exit status:
@@ -31,9 +35,11 @@ from end2end.spec.config_file import RunSpec, interleave, load_runs
 from end2end.sweep.commands import shell_join, single_node_command
 from end2end.sweep.procs import run_logged, signal_death
 from end2end.sweep.progress import Progress, format_duration
+from end2end.results.annotate import annotate_since
 from end2end.results.store import ResultRow, append_result, env_columns, mark, rollback
 from end2end.sweep.options import add_sweep_options
 from end2end.sweep.lock import SweepLock
+from end2end.sweep.quiet import Watch, wait_until_quiet
 from end2end.sweep.outcome import (check_timeout, last_line, log_path, not_ok, pending, rows_for,
                                    run_interruptible, settle_row, signal_name)
 
@@ -77,12 +83,15 @@ def _failure_reason(rc: int, timed_out: bool, timeout: float, log: Path) -> str:
 def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
               device: str = "cpu", retry_failed: bool = False, timeout: float = 1800.0,
               dry_run: bool = False, error_stop: bool = False,
-              extra: Sequence[str] = (), wait: bool = False, repeat: int = 1) -> int:
+              extra: Sequence[str] = (), wait: bool = False, repeat: int = 1,
+              require_quiet: bool = False, quiet_wait: float = 300.0) -> int:
     """Run the pending runs of ``config``; returns how many runs of the config have no ``ok``
     row afterwards (failed, skipped, or not run because of ``error_stop``).
 
     ``repeat`` > 1 runs the config in interleaved rounds
-    (:func:`end2end.spec.config_file.interleave`).
+    (:func:`end2end.spec.config_file.interleave`). ``require_quiet``: before each run, wait at
+    most ``quiet_wait`` seconds for a quiet machine, else raise
+    :class:`~end2end.sweep.quiet.MachineBusy` (finished runs stay; the same command resumes).
     Holds :class:`~end2end.sweep.lock.SweepLock` on ``results`` for the whole sweep (refuses,
     or with ``wait`` queues, when another sweep uses it). A ``KeyboardInterrupt`` (Ctrl-C, or
     SIGTERM under :func:`main`) stops the current run with every process it started, removes
@@ -108,7 +117,8 @@ def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
         todo = pending(runs, out, retry_failed, max_devices)
         log.info("%s: %d runs, %d already in %s, %d to run", config, len(runs),
                  len(runs) - len(todo), out, len(todo))
-        _run_all(todo, out, max_devices, timeout, error_stop, extra, device)
+        _run_all(todo, out, max_devices, timeout, error_stop, extra, device,
+                 quiet_wait if require_quiet else None)
         bad = not_ok(runs, out)
     if bad:
         log.info("%d of %d runs not ok: %s", sum(bad.values()), len(runs),
@@ -117,7 +127,8 @@ def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
 
 
 def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: float,
-             error_stop: bool, extra: Sequence[str], device: str) -> None:
+             error_stop: bool, extra: Sequence[str], device: str,
+             quiet_wait: Optional[float] = None) -> None:
     from end2end.results.environment import env_dump
 
     env = env_dump(device)
@@ -130,11 +141,14 @@ def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: floa
             append_result(out, row, env)
             progress.finish("skipped")
             continue
+        if quiet_wait is not None:
+            wait_until_quiet(quiet_wait, log.info)
         before, start = rows_for(out, spec), mark(out)
         run_log = log_path(out, spec)
         try:
-            rc, timed_out = run_logged(single_node_command(spec, str(out), extra, TORCHRUN),
-                                       run_log, timeout)
+            with Watch() as watch:
+                rc, timed_out = run_logged(single_node_command(spec, str(out), extra, TORCHRUN),
+                                           run_log, timeout)
         except BaseException:
             rollback(out, start)  # nothing of the interrupted run stays: it is redone
             raise
@@ -143,7 +157,11 @@ def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: floa
         killed = timed_out or bool(rc != 0 and signal_death(run_log))
         status = settle_row(out, spec, before, start, killed, timed_out,
                             _failure_reason(rc, timed_out, timeout, run_log), env)
-        progress.finish(status)
+        verdict = watch.verdict
+        if verdict is not None:
+            annotate_since(out, start, "Machine", verdict.cell(), "machine", verdict.record())
+        progress.finish(status, f"measured while the machine was busy ({verdict.reasons()})"
+                        if verdict is not None and verdict.busy else "")
         if error_stop and status == "fail":
             log.info("stopping at the first failure (--error-stop)")
             break
@@ -171,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="device the driver trains on")
     p.add_argument("--error-stop", action="store_true", help="stop at the first fail row")
+    p.add_argument("--require-quiet", action="store_true",
+                   help="before each run, wait for a quiet machine (others using at most 10%% "
+                        "of the cores, steal at most 5%%, no other busy process: "
+                        "end2end/sweep/quiet.py); refuse in one line (exit 2) when it stays "
+                        "busy for --quiet-wait seconds. Without it, every row still says in "
+                        "its Machine column whether the machine was quiet")
+    p.add_argument("--quiet-wait", type=number(float, minimum=0), default=300.0,
+                   help="seconds --require-quiet waits for a quiet machine before refusing")
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="each run profiles one extra step after its timed ones (end2end.bench "
                    "--profile DIR; compare with python -m end2end.profiling)")
@@ -207,7 +233,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bad = run_sweep(args.config, args.results, args.max_devices, args.device,
                         args.retry_failed, args.timeout, args.dry_run, args.error_stop,
                         extra=["--profile", args.profile] if args.profile else (),
-                        wait=args.wait, repeat=args.repeat)
+                        wait=args.wait, repeat=args.repeat,
+                        require_quiet=args.require_quiet, quiet_wait=args.quiet_wait)
         return 1 if bad else 0
 
     return run_interruptible("end2end.sweep", argv, run, args.debug)

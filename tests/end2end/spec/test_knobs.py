@@ -89,13 +89,14 @@ def test_interleaved_rounds_and_resume_within_a_round(tmp_path):
 
 def test_results_written_before_the_new_columns_still_take_rows(tmp_path):
     old = tmp_path / "old.tsv"
-    header = "\t".join(COLUMNS[:-2])
+    before = COLUMNS.index("Knobs")  # the columns before Knobs, Repeat and Machine existed
+    header = "\t".join(COLUMNS[:before])
     old.write_text("# slapo-results v1\n" + header + "\n")
     plain = make_run_spec("eager", "tiny/bert", 1, 16, 0, 4, "0")
     append_result(old, ResultRow.from_spec(plain, thrpt=2.0))
     (row,) = read_results(old).rows
     assert row.thrpt == 2.0 and (row.knobs, row.repeat) == ("", 0)
-    assert len(old.read_text().splitlines()[-1].split("\t")) == len(COLUMNS) - 2
+    assert len(old.read_text().splitlines()[-1].split("\t")) == before
     knobbed = make_run_spec("slapo", "tiny/bert", 1, 16, 0, 4, "0", knobs="fuse=False")
     with pytest.raises(ConfigError, match="predates the column.*Knobs"):
         append_result(old, ResultRow.from_spec(knobbed, thrpt=1.0))
