@@ -11,6 +11,9 @@
                            baseline bar (the paper's conclusion), each at its best setting
 ``tsv FILE``               a plain TSV with a header line as a table (with the count of each
                            ``status`` when it has that column)
+``validation FILE``        published GPU measurements vs the simulator's predictions
+                           (:mod:`end2end.report.validation_table`); ``validation-sources``
+                           the set's source table
 ``provenance FILE``        one line saying where the numbers of ``FILE`` come from: the
                            date and UTC time span of its rows, the machine (CPU model and
                            cores) and commit(s) from its ``# env`` header and rows, the package
@@ -32,7 +35,7 @@ from slapo.errors import SlapoError
 
 from end2end.results.store import read_results
 
-from . import paper, predicted, proof_table, studies  # noqa: F401  (register their kinds)
+from . import paper, predicted, proof_table, studies, validation_table  # noqa: F401  (kinds)
 from .blocks import Block, ReportError
 from .registry import GENERATORS, generator, result_rows, results_path
 
