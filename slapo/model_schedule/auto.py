@@ -30,30 +30,26 @@ Knobs: every ``ScheduleConfig`` field, plus ``example_inputs`` (for pipeline cut
 from __future__ import annotations
 
 import copy
-from typing import Any, List, Optional, Sequence, Set, Tuple
+from typing import Any, List, Sequence
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
 from ..schedule import Schedule
+from . import auto_checks as A
 from . import common as C
 from . import tp_plan as P
 from .config import ScheduleConfig
 from .registry import register_model_schedule
 
-__all__ = ["schedule_auto", "OP_ATTENTION", "fuse_matching_rms_norms", "decoder_layers"]
+__all__ = ["schedule_auto", "OP_ATTENTION", "fuse_matching_rms_norms", "decoder_layers",
+           "attentions_to_replace"]
 
 # HF attention classes whose forward the op library's adapter reproduces exactly (same
 # projections, RoPE from ``position_embeddings``, GQA, causal, no sliding window, no q/k norm).
 OP_ATTENTION = ("LlamaAttention",)
 _CALL = "apply_schedule('auto')"
-
-
-def _path_of(sch: Schedule, mod: Optional[nn.Module]) -> Optional[str]:
-    if mod is None:
-        return None
-    return next((path for path, m in sch.mod.named_modules() if m is mod), None)
 
 
 def decoder_layers(sch: Schedule, entries: Sequence[P.PlanEntry]) -> List[str]:
@@ -73,51 +69,25 @@ def _tp_mode(sch: Schedule, cfg: ScheduleConfig) -> C.TPMode:
     return C.TPMode(tp=tp, sp=tp and cfg.sequence_parallel)
 
 
-def _replace_attentions(sch: Schedule, cfg: ScheduleConfig, mode: C.TPMode,
-                        entries: List[P.PlanEntry]) -> List[P.PlanEntry]:
-    """Replace every plan-covered attention of a class in :data:`OP_ATTENTION` whose plan is
-    exactly q/k/v colwise + o rowwise by the op library's (sharded by heads under TP); returns
-    the entries left to the plan."""
+def attentions_to_replace(sch: Schedule, cfg: ScheduleConfig,
+                          entries: Sequence[P.PlanEntry]) -> List[str]:
+    """The plan-covered attentions of a class in :data:`OP_ATTENTION` whose plan is exactly
+    q/k/v colwise + o rowwise: the op library's attention replaces them (sharded by heads
+    under TP). Changes nothing."""
     if cfg.attn_kernel == "eager":
-        return entries
+        return []
     expected = {"q_proj": "colwise", "k_proj": "colwise", "v_proj": "colwise",
                 "o_proj": "rowwise"}
     parents = {e.path.rpartition(".")[0] for e in entries if e.param is None}
-    replaced: Set[str] = set()
+    chosen: List[str] = []
     for path in sorted(parents):
         if path not in sch or type(sch[path].mod).__name__ not in OP_ATTENTION:
             continue
         below = {e.target[len(path) + 1:]: e.style for e in entries
                  if e.target.startswith(path + ".")}
-        if below != expected:
-            continue
-        C.replace_attention(sch, path, cfg)
-        if mode.tp:
-            C.shard_attention(sch, path, mode)
-        replaced.add(path)
-    return [e for e in entries if e.path.rpartition(".")[0] not in replaced]
-
-
-def _vocab_paths(sch: Schedule, entries: Sequence[P.PlanEntry]
-                 ) -> Tuple[Optional[str], Optional[str]]:
-    """The input embedding and the LM head that become vocab-parallel (the latter with the
-    vocab-parallel causal loss) under TP with ``shard_embedding``; ``None`` for one that is
-    absent, not plain, or kept whole by the plan. Their plan entries are replaced by this."""
-    model = sch.mod
-    emb = _path_of(sch, model.get_input_embeddings()) if hasattr(
-        model, "get_input_embeddings") else None
-    head = _path_of(sch, model.get_output_embeddings()) if hasattr(
-        model, "get_output_embeddings") else None
-    # the plan's own word wins where it keeps the module whole (Inkling2's normed embedding)
-    whole = {e.path for e in entries if P.STYLES[e.style].keeps_whole and e.param is None}
-    emb_mod = sch[emb].mod if emb is not None else None
-    emb = emb if emb not in whole and P.plain_embedding(emb_mod) else None
-    head_mod = sch[head].mod if head is not None else None
-    tied_to_whole = emb is None and emb_mod is not None and getattr(
-        head_mod, "weight", None) is getattr(emb_mod, "weight", False)
-    head = head if head not in whole and isinstance(head_mod, nn.Linear) and P.plain_linear(
-        head_mod) and not tied_to_whole else None
-    return emb, head
+        if below == expected:
+            chosen.append(path)
+    return chosen
 
 
 def _rms_norm_matches(mod: nn.Module, new: nn.Module) -> bool:
@@ -157,61 +127,54 @@ def fuse_matching_rms_norms(sch: Schedule) -> List[str]:
     return done
 
 
-SP_NORMS = ("input_layernorm", "post_attention_layernorm")
-
-
-def _check_sequence_parallel(sch: Schedule, layers: Sequence[str],
-                             entries: Sequence[P.PlanEntry], norm: str) -> None:
-    """Sequence parallelism fits LLaMA-shaped layers (:data:`SP_NORMS` feeding the TP regions,
-    a final ``norm``) whose plan has only ``colwise``/``rowwise``/replicated entries.
-
-    Raises:
-        ConfigError: naming what does not fit.
-    """
-    shape_ok = bool(layers) and norm in sch and all(
-        f"{layer}.{n}" in sch for layer in layers for n in SP_NORMS)
-    plain = (P.Colwise(), P.Rowwise())
-    bad = [e for e in entries
-           if P.STYLES[e.style] not in plain and not P.STYLES[e.style].keeps_whole]
-    if not shape_ok or bad:
-        why = (f"plan entry '{bad[0].glob}: {bad[0].style}' gathers or splits activations"
-               if bad else "the layers are not LLaMA-shaped (input_layernorm, "
-               "post_attention_layernorm, a final norm)")
-        raise ConfigError(f"sequence_parallel is not supported for this model: {why}",
-                          call=_CALL, hint="drop sequence_parallel=True")
-
-
 @register_model_schedule("auto", extra_knobs=("example_inputs", "expert_parallel"))
 def schedule_auto(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                   example_inputs: Any = None, expert_parallel: bool = False) -> None:
-    """A schedule from the model's own tensor-parallel plan; see the module docs.
+    """A schedule from the model's own tensor-parallel plan; see the module docs. Every check
+    runs before the first change: a refused model is left exactly as it was.
 
     Raises:
-        ConfigError: the model declares no plan; a plan entry Slapo cannot honour (naming the
-            entry and why); heads the TP size does not divide; sequence parallelism on layers
-            it does not fit; bad pipeline cuts.
+        ConfigError: the model declares no plan; a plan entry that matches no module path, or
+            that Slapo cannot honour (naming the entry and why); heads the TP size does not
+            divide; sequence parallelism on layers whose dataflow it does not fit; bad
+            pipeline cuts.
     """
+    # plan
     plan = P.read_plan(sch.mod)
     if not plan:
         raise ConfigError(f"{type(sch.mod).__name__} declares no tensor-parallel plan "
                           "(its config class has no base_model_tp_plan)", call=_CALL,
                           hint="use a model schedule written for the family, or write one")
+    P.check_plan_paths(sch.mod, plan)
     entries = P.resolve_plan(sch.mod, plan)
-    P.check_styles(entries)
     mode = _tp_mode(sch, cfg)
-    C.disable_kv_cache(sch, model_config)
     layers = decoder_layers(sch, entries)
     base = entries[0].glob.partition(".*.")[0].rpartition(".")[0] if entries else ""
-    entries = _replace_attentions(sch, cfg, mode, entries)
-    emb, head = _vocab_paths(sch, entries)
-    entries = [e for e in entries if e.path not in (emb, head)]
+    final_norm = C.join(base, "norm")
+    # check (nothing has changed yet)
+    P.check_plan(sch, entries, cfg, mode, expert_parallel=expert_parallel)
+    attentions = attentions_to_replace(sch, cfg, entries)  # kv heads: check_plan's
+    rest = [e for e in entries if e.path.rpartition(".")[0] not in attentions]
+    embeddings, head = A.vocab_modules(sch, rest)
+    loss = A.head_loss(sch) if head is not None else "gather"
+    rest = [e for e in rest if e.path not in (*embeddings, head)]
+    if mode.sp:
+        A.check_sequence_parallel(sch, layers, [e for e in entries if e.path not in (
+            *embeddings, head)], final_norm)
+    cuts = C.pipeline_cut_paths(sch, cfg, [layers] if layers else [], "auto", example_inputs)
+    # apply
+    C.disable_kv_cache(sch, model_config)
+    for path in attentions:
+        C.replace_attention(sch, path, cfg)
+        if mode.tp:
+            C.shard_attention(sch, path, mode)
     if cfg.fuse:  # before the plan: its hooks go on the modules that stay
         fuse_matching_rms_norms(sch)
-    ctx = P.apply_plan(sch, entries, cfg, mode, expert_parallel=expert_parallel)
-    if mode.sp:
-        _check_sequence_parallel(sch, layers, entries, C.join(base, "norm"))
-    C.vocab_and_sequence_parallel(sch, cfg, mode, embedding=emb, lm_head=head, layers=layers,
-                                  norms=SP_NORMS, final_norm=C.join(base, "norm"))
+    ctx = P.apply_plan(sch, rest, cfg, mode, expert_parallel=expert_parallel)
+    C.vocab_and_sequence_parallel(
+        sch, cfg, mode, embedding=embeddings, lm_head=head, layers=layers, norms=A.SP_NORMS,
+        final_norm=final_norm, loss="masked_function" if loss == "masked" else loss)
+    sch.metadata["auto_loss"] = loss if mode.tp and head is not None else "model"
     P.report_unsharded(sch, ctx.handled)
     C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
-    C.cut_pipeline(sch, cfg, [layers] if layers else [], "auto", example_inputs)
+    C.cut_pipeline_at(sch, cuts, example_inputs)

@@ -17,7 +17,7 @@ Every helper takes a schedule and module paths, so a recipe reads as "which path
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import nn
 
@@ -33,6 +33,7 @@ __all__ = [
     "replace_attention", "replace_mlp", "replace_residual_norm", "native_gelu", "sdpa_masks",
     "column_parallel", "row_parallel", "shard_attention", "shard_mlp", "shard_embedding",
     "shard_lm_head", "sequence_parallel_region", "vocab_and_sequence_parallel", "LayerPlan",
+    "pipeline_cut_paths", "cut_pipeline_at",
     "schedule_layers", "checkpoint_layers", "cut_pipeline",
 ]
 
@@ -279,13 +280,15 @@ def shard_lm_head(sch: Schedule, path: str, mode: TPMode, cfg: ScheduleConfig, *
                   loss: str) -> None:
     """Vocab-parallel LM head (tied to the embedding or not) and the model's loss over its
     vocab-sharded logits: ``loss="causal"`` sets the model's ``loss_function`` to
-    :class:`slapo.op.cross_entropy.VocabParallelCausalLMLoss`; ``"masked"`` / ``"seq2seq"``
+    :class:`slapo.op.cross_entropy.VocabParallelCausalLMLoss` (``"masked_function"``: to
+    :class:`~slapo.op.cross_entropy.VocabParallelMaskedLMLoss`, for models whose forward calls
+    a ``loss_function`` that HF resolves to ``ForMaskedLMLoss``); ``"masked"`` / ``"seq2seq"``
     (models whose forward computes a plain cross-entropy on full logits itself) wrap the model's
     forward in :class:`slapo.op.lm_loss.VocabParallelLMLoss`. No full-vocabulary tensor is built;
     the outputs' logits are this rank's shard. With ``cfg.vocab_parallel_loss=False``, and for
     masked/seq2seq models cut into pipeline stages, the logits are all-gathered instead and the
-    model's own loss runs on them."""
-    from ..op.cross_entropy import VocabParallelCausalLMLoss
+    model's own loss runs on them (always with ``loss="gather"``)."""
+    from ..op.cross_entropy import VocabParallelCausalLMLoss, VocabParallelMaskedLMLoss
     from ..op.lm_loss import VocabParallelLMLoss
     from ..runtime.forward_wrap import install_forward_wrapper
 
@@ -294,11 +297,14 @@ def shard_lm_head(sch: Schedule, path: str, mode: TPMode, cfg: ScheduleConfig, *
     node.shard(names, axis=0)
     if not mode.sp:
         node.sync("bwd_post", "all_reduce")
-    if not cfg.vocab_parallel_loss or (loss != "causal" and cfg.pipeline_cuts):
+    if loss == "gather" or not cfg.vocab_parallel_loss or (
+            loss in ("masked", "seq2seq") and cfg.pipeline_cuts):
         node.sync("fwd_post", "all_gather", axis=-1)
         return
     if loss == "causal":
         sch.root.mod.loss_function = VocabParallelCausalLMLoss(sch.group)
+    elif loss == "masked_function":
+        sch.root.mod.loss_function = VocabParallelMaskedLMLoss(sch.group)
     else:
         install_forward_wrapper(sch.root.mod, "vocab_parallel_loss",
                                 VocabParallelLMLoss(loss, sch.group))
@@ -319,20 +325,23 @@ def sequence_parallel_region(sch: Schedule, first_layer: str, norms: Sequence[st
 
 
 def vocab_and_sequence_parallel(sch: Schedule, cfg: ScheduleConfig, mode: TPMode, *,
-                                embedding: Optional[str], lm_head: Optional[str],
-                                layers: Sequence[str], norms: Sequence[str],
-                                final_norm: str) -> None:
+                                embedding: Union[None, str, Sequence[str]],
+                                lm_head: Optional[str], layers: Sequence[str],
+                                norms: Sequence[str], final_norm: str,
+                                loss: str = "causal") -> None:
     """The tail of a decoder recipe: under TP with ``cfg.shard_embedding``, the vocab-parallel
-    ``embedding`` (:func:`shard_embedding`) and ``lm_head`` with the vocab-parallel causal loss
-    (:func:`shard_lm_head`; either may be ``None``: absent or kept whole); with sequence
+    ``embedding`` (a path, or tied paths sharing one weight: :func:`shard_embedding`) and
+    ``lm_head`` with the vocab-parallel ``loss`` (:func:`shard_lm_head`; either may be ``None``
+    or empty: absent or kept whole); with sequence
     parallelism, the region around the decoder ``layers``, gathered after each layer's
     ``norms`` (names relative to a layer) and after ``final_norm``
     (:func:`sequence_parallel_region`)."""
     if mode.tp and cfg.shard_embedding:
-        if embedding is not None:
-            shard_embedding(sch, [embedding])
+        embeddings = [embedding] if isinstance(embedding, str) else list(embedding or [])
+        if embeddings:
+            shard_embedding(sch, embeddings)
         if lm_head is not None:
-            shard_lm_head(sch, lm_head, mode, cfg, loss="causal")
+            shard_lm_head(sch, lm_head, mode, cfg, loss=loss)
     if mode.sp:
         per_layer = [join(layer, name) for layer in layers for name in norms]
         sequence_parallel_region(sch, layers[0], per_layer, final_norm)
@@ -428,12 +437,24 @@ def cut_pipeline(sch: Schedule, cfg: ScheduleConfig, stacks: Sequence[Sequence[s
     ``example_inputs`` (the model's keyword inputs).
 
     Raises:
+        ConfigError: as :func:`pipeline_cut_paths`.
+    """
+    cut_pipeline_at(sch, pipeline_cut_paths(sch, cfg, stacks, family, example_inputs),
+                    example_inputs)
+
+
+def pipeline_cut_paths(sch: Schedule, cfg: ScheduleConfig, stacks: Sequence[Sequence[str]],
+                       family: str, example_inputs: Any = None) -> List[str]:
+    """The layer paths ``cfg.pipeline_cuts`` ends stages after (empty without cuts), checked
+    without changing anything.
+
+    Raises:
         ConfigError: cuts without ``example_inputs``, a family without stacks to cut, a wrong
             shape of ``pipeline_cuts`` or an index out of range.
     """
     cuts = cfg.pipeline_cuts
     if not cuts:
-        return
+        return []
     call = f"apply_schedule({family!r}, pipeline_cuts={list(cuts)})"
     if not stacks:
         raise ConfigError(f"pipeline cuts are not supported for {family}", call=call,
@@ -456,7 +477,15 @@ def cut_pipeline(sch: Schedule, cfg: ScheduleConfig, stacks: Sequence[Sequence[s
                               f"0..{len(stack) - 1}", call=call,
                               hint="a cut index i ends a stage after layer i")
         plan += [stack[i] for i in sorted(set(indices))]
-    callers = sorted({_caller(sch, path) for path in plan})
+    return plan
+
+
+def cut_pipeline_at(sch: Schedule, paths: Sequence[str], example_inputs: Any) -> None:
+    """Trace the modules calling the layers at ``paths`` and cut a stage after each (the
+    checked result of :func:`pipeline_cut_paths`; nothing when empty)."""
+    if not paths:
+        return
+    callers = sorted({_caller(sch, path) for path in paths})
     sch.trace_until(callers, example_inputs=example_inputs)
-    for path in plan:
+    for path in paths:
         sch[path].cut_pipeline_stage()

@@ -63,7 +63,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-from typing import Dict, List, Mapping, Tuple
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from torch import nn
 
@@ -79,7 +79,8 @@ from ..sharding.spec import SHARD_ATTR, ShardSpec, get_shard_spec, set_shard_spe
 from .common import TPMode
 from .config import ScheduleConfig
 
-__all__ = ["EXPERTS_STYLE", "ExpertsLayout", "shard_experts", "replicate_router"]
+__all__ = ["EXPERTS_STYLE", "ExpertsLayout", "shard_experts", "replicate_router", "check_experts",
+           "check_router"]
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +139,25 @@ def shard_experts(sch: Schedule, path: str, cfg: ScheduleConfig, mode: TPMode,
     """
     if not mode.tp:
         return
-    node = sch[path]
-    mod = node.mod
+    layout = check_experts(sch, path, mode, plan, expert_parallel=expert_parallel)
+    assert layout is not None  # mode.tp
+    if expert_parallel:
+        _expert_parallel(sch, path, layout)
+    else:
+        _tensor_parallel(sch, path, layout)
+
+
+def check_experts(sch: Schedule, path: str, mode: TPMode, plan: Mapping[str, str], *,
+                  expert_parallel: bool) -> Optional[ExpertsLayout]:
+    """Everything :func:`shard_experts` refuses, checked without changing anything; returns
+    the experts' layout (``None`` without tensor parallelism).
+
+    Raises:
+        ConfigError: see the module docstring ("Refused").
+    """
+    if not mode.tp:
+        return None
+    mod = sch[path].mod
     if mode.sp:
         raise _error(path, mod, "sequence parallelism is not supported for mixture-of-experts "
                      "layers", "drop sequence_parallel=True for this model")
@@ -147,9 +165,10 @@ def shard_experts(sch: Schedule, path: str, cfg: ScheduleConfig, mode: TPMode,
     _check_plan(mod, path, layout, plan)
     _check_extra_params(mod, path, layout)
     if expert_parallel:
-        _expert_parallel(sch, path, layout)
+        _check_expert_parallel(sch, path, layout)
     else:
-        _tensor_parallel(sch, path, layout)
+        _check_tensor_parallel(sch, path, layout)
+    return layout
 
 
 def _check_plan(mod: nn.Module, path: str, layout: ExpertsLayout,
@@ -189,7 +208,7 @@ def _check_extra_params(mod: nn.Module, path: str, layout: ExpertsLayout) -> Non
                      "leave this layer unsharded, or shard the experts by hand")
 
 
-def _tensor_parallel(sch: Schedule, path: str, layout: ExpertsLayout) -> None:
+def _check_tensor_parallel(sch: Schedule, path: str, layout: ExpertsLayout) -> None:
     node = sch[path]
     if layout.has_bias or layout.has_post_norm:
         what = "biases" if layout.has_bias else "a post-expert norm"
@@ -203,13 +222,17 @@ def _tensor_parallel(sch: Schedule, path: str, layout: ExpertsLayout) -> None:
                          f"divisible by the tensor-parallel size {sch.world_size}",
                          f"use a tensor-parallel size that divides {size}, or "
                          "expert_parallel=True")
+
+
+def _tensor_parallel(sch: Schedule, path: str, layout: ExpertsLayout) -> None:
+    node = sch[path]
     for name, axis in layout.axes.items():
         node.shard(name, axis=axis, **({"fused": 2} if layout.fused[name] == 2 else {}))
     node.sync("fwd_pre", RoutedInputGradAllReduce(sch.group, path))
     node.sync("fwd_post", "all_reduce")
 
 
-def _expert_parallel(sch: Schedule, path: str, layout: ExpertsLayout) -> None:
+def _check_expert_parallel(sch: Schedule, path: str, layout: ExpertsLayout) -> None:
     node = sch[path]
     mod, ws, num = node.mod, sch.world_size, layout.num_experts
     if num % ws:
@@ -225,6 +248,11 @@ def _expert_parallel(sch: Schedule, path: str, layout: ExpertsLayout) -> None:
     if already:
         raise _error(path, mod, f"{', '.join(already)} are already sharded",
                      "shard the experts once (expert_parallel=True or False, not both)")
+
+
+def _expert_parallel(sch: Schedule, path: str, layout: ExpertsLayout) -> None:
+    node = sch[path]
+    mod, num = node.mod, layout.num_experts
     node.replace(_local_experts(sch, mod, layout))
     sch[path].metadata["shard"] = ShardInfo(
         tensors={n: 0 for n in _expert_tensors(sch[path].mod, num)},
@@ -271,6 +299,20 @@ def replicate_router(sch: Schedule, path: str, *, sharded_input: bool = False) -
     Raises:
         ConfigError: the router has no parameters, or some are sharded.
     """
+    node = check_router(sch, path)
+    if sharded_input:
+        mark_replicated(node)
+    else:
+        logger.debug("router '%s': replicated input, gradient complete; nothing to add", path)
+
+
+def check_router(sch: Schedule, path: str) -> Schedule:
+    """What :func:`replicate_router` refuses, checked without changing anything; returns the
+    router's schedule node.
+
+    Raises:
+        ConfigError: the router has no parameters, or some are sharded.
+    """
     node = sch[path]
     params: List[Tuple[str, nn.Parameter]] = list(node.mod.named_parameters())
     if not params:
@@ -283,7 +325,4 @@ def replicate_router(sch: Schedule, path: str, *, sharded_input: bool = False) -
                           "the whole router to route its tokens", path=path,
                           call="replicate_router", module=node.mod,
                           hint="remove the shard of the router from the schedule / plan")
-    if sharded_input:
-        mark_replicated(node)
-    else:
-        logger.debug("router '%s': replicated input, gradient complete; nothing to add", path)
+    return node

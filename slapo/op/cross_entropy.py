@@ -24,7 +24,7 @@ from ..errors import SlapoError
 from ..sharding.collectives import all_reduce, group_rank, group_size
 
 __all__ = ["vocab_parallel_cross_entropy", "VocabParallelCrossEntropy",
-           "VocabParallelCausalLMLoss"]
+           "VocabParallelCausalLMLoss", "VocabParallelMaskedLMLoss"]
 
 
 class _VocabParallelCE(torch.autograd.Function):
@@ -147,3 +147,16 @@ class VocabParallelCausalLMLoss:
 
     def __deepcopy__(self, memo: dict) -> "VocabParallelCausalLMLoss":
         return self  # holds only a process group handle
+
+
+class VocabParallelMaskedLMLoss(VocabParallelCausalLMLoss):
+    """Drop-in for a HuggingFace model's ``loss_function`` when transformers resolves it to
+    ``ForMaskedLMLoss`` (masked LMs such as EuroBERT; T5Gemma's seq2seq heads, whose decoder
+    inputs are already shifted) and the LM head is vocab-parallel: the labels align with the
+    logits (no shift); otherwise as :class:`VocabParallelCausalLMLoss`."""
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor, vocab_size: int = 0,
+                 num_items_in_batch: Optional[torch.Tensor] = None, ignore_index: int = -100,
+                 shift_labels: Optional[torch.Tensor] = None, **kwargs: Any) -> torch.Tensor:
+        return super().__call__(logits, labels, vocab_size, num_items_in_batch, ignore_index,
+                                shift_labels=labels, **kwargs)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 __all__ = ["FAMILIES", "tiny_config", "tiny_model", "example_inputs", "MLP", "seeded",
-           "PLAN_FAMILIES", "tiny_plan_config", "tiny_plan_model"]
+           "PLAN_FAMILIES", "PLAN_HEADS", "tiny_plan_config", "tiny_plan_model"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -228,10 +228,19 @@ def _tiny_sub_configs(cls) -> Dict[str, Any]:
     audio and vision towers) shrunk the same way, as dicts: otherwise the towers keep their
     published sizes (GBs) inside a tiny model."""
     subs: Dict[str, Any] = {}
-    for name, sub in (getattr(cls, "sub_configs", None) or {}).items():
-        if not isinstance(sub, type):
+    names = list((getattr(cls, "sub_configs", None) or {}))
+    if not names:
+        return subs
+    try:
+        whole = cls()
+    except (TypeError, ValueError, OSError):
+        return subs
+    for name in names:
+        instance = getattr(whole, name, None)  # AutoConfig entries: the default's real class
+        if instance is None or not hasattr(instance, "to_dict"):
             continue
-        defaults = sub().to_dict()
+        sub = type(instance)
+        defaults = instance.to_dict()
         aliases = dict(getattr(sub, "attribute_map", {}) or {})
         tiny = {aliases.get(k, k): v for k, v in _TINY_PLAN_SIZES.items()
                 if aliases.get(k, k) in defaults}
@@ -239,16 +248,48 @@ def _tiny_sub_configs(cls) -> Dict[str, Any]:
         if isinstance(layers, int) and new_layers:  # per-layer lists (layer_types ...) cut too
             tiny.update({k: v[:new_layers] for k, v in defaults.items()
                          if isinstance(v, list) and len(v) == layers and k not in tiny})
-        subs[name] = {**defaults, **tiny}
+        subs[name] = {**defaults, **tiny, **_tiny_mrope(sub, defaults, tiny)}
     return subs
 
 
-def tiny_plan_model(model_type: str, seed: int = 0, **overrides: Any) -> nn.Module:
-    """A seeded tiny causal-LM (``AutoModelForCausalLM``) of ``model_type`` built from
-    ``tiny_plan_config`` (same seed -> same weights), in train mode."""
-    from transformers import AutoModelForCausalLM
+def _tiny_mrope(cls, defaults: Dict[str, Any], tiny: Dict[str, Any]) -> Dict[str, Any]:
+    """Multimodal RoPE sections (Qwen2-VL style, ``[16, 24, 24]`` by default in the model code,
+    summing to half the published head size) scaled to the tiny head size."""
+    rope = defaults.get("rope_parameters")
+    mtype = str(getattr(cls, "model_type", ""))
+    if not isinstance(rope, dict) or ("mrope_section" not in rope and "vl" not in mtype):
+        return {}
+    heads = tiny.get("num_attention_heads", defaults.get("num_attention_heads"))
+    hidden = tiny.get("hidden_size", defaults.get("hidden_size"))
+    if not (isinstance(heads, int) and isinstance(hidden, int) and heads):
+        return {}
+    half = hidden // heads // 2
+    section = list(rope.get("mrope_section") or [16, 24, 24])
+    scaled = [max(1, s * half // sum(section)) for s in section]
+    scaled[0] += half - sum(scaled)
+    return {"rope_parameters": {**rope, "mrope_section": scaled}}
 
+
+PLAN_HEADS = {
+    "causal": "AutoModelForCausalLM",
+    "masked": "AutoModelForMaskedLM",
+    "seq2seq": "AutoModelForSeq2SeqLM",
+    "image_text": "AutoModelForImageTextToText",
+    "seqcls": "AutoModelForSequenceClassification",
+}
+"""The model classes the auto schedule is swept over: head kind -> transformers' auto class."""
+
+
+def tiny_plan_model(model_type: str, seed: int = 0, head: str = "causal",
+                    **overrides: Any) -> nn.Module:
+    """A seeded tiny model of ``model_type`` built from ``tiny_plan_config`` (same seed -> same
+    weights), in train mode, with the ``head`` of :data:`PLAN_HEADS` (default: the causal LM,
+    ``AutoModelForCausalLM``)."""
+    import transformers
+
+    if head not in PLAN_HEADS:
+        raise ValueError(f"unknown head {head!r}; one of {', '.join(PLAN_HEADS)}")
     config = tiny_plan_config(model_type, **overrides)
     with seeded(seed):
-        model = AutoModelForCausalLM.from_config(config)
+        model = getattr(transformers, PLAN_HEADS[head]).from_config(config)
     return model.train()

@@ -2,7 +2,12 @@
 
 On 1 rank and on 2 gloo ranks (TP 2; one spawn loops over every family): one step's outputs and
 the gradient of every original parameter match (gathered from the shards), then the losses of
-3 SGD steps match, and under TP each rank holds fewer parameters than the whole model.
+3 SGD steps match; under TP every replicated parameter is identical on every rank after those
+steps, and each rank shards the fraction of the parameters that the model's own plan (as
+transformers resolves it, ``model._tp_plan``) says (:func:`plan_sharded_numel`).
+
+A family is a ``model_type``, optionally with a head: ``"eurobert:masked"`` (the heads of
+``slapo.testing.models.PLAN_HEADS``; default ``causal``).
 
 ``check_auto`` is also what the sweep over every family with a plan runs
 (``test_auto_sweep.py``).
@@ -38,28 +43,98 @@ def plan_inputs(seed: int = 0, batch: int = 2, seq: int = 8, vocab: int = 128
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def head_inputs(head: str, model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """:func:`plan_inputs` for ``head``; sequence classification gets one label per row."""
+    inputs = plan_inputs()
+    if head == "seqcls":
+        labels = torch.arange(inputs["input_ids"].shape[0]) % model.config.num_labels
+        inputs["labels"] = labels
+    return inputs
+
+
+_WHOLE_STYLES = ("replicate", "local_params", "replicated_with_grad_allreduce")
+
+
+def plan_sharded_numel(model: torch.nn.Module) -> int:
+    """Parameters (numel, tied ones once) that transformers' own resolved plan
+    (``model._tp_plan``, globs over module and parameter names) would shard: every entry
+    whose style is not a replicated one. The oracle for the fraction a rank must shard."""
+    import re
+
+    plan = dict(getattr(model, "_tp_plan", None) or {})
+    mods = dict(model.named_modules())
+    params = dict(model.named_parameters())
+    chosen: Dict[int, int] = {}
+    for glob, style in plan.items():
+        if style in _WHOLE_STYLES:
+            continue
+        rx = re.compile("^" + r"\.".join("[^.]+" if p == "*" else re.escape(p)
+                                          for p in glob.split(".")) + "$")
+        for name, mod in mods.items():
+            if rx.match(name):
+                chosen.update({id(p): p.numel() for p in mod.parameters()})
+        for name, p in params.items():
+            if rx.match(name):
+                chosen[id(p)] = p.numel()
+    return sum(chosen.values())
+
+
+LAST_FRACTIONS: Dict[str, tuple] = {}
+"""family -> (fraction this rank shards, fraction the plan says): :func:`check_plan_fraction`."""
+
+
+def check_plan_fraction(family: str, ref: torch.nn.Module, model: torch.nn.Module,
+                        ws: int) -> None:
+    """This rank holds ``whole - sharded * (1 - 1/ws)`` parameters, within 1 % of the whole
+    (biases of row-parallel layers and tiny scalars may differ in how they are counted)."""
+    whole = sum(p.numel() for p in ref.parameters())
+    local = sum(p.numel() for p in model.parameters())
+    want = whole - plan_sharded_numel(ref) * (1 - 1 / ws)
+    scale = whole * (1 - 1 / ws)
+    LAST_FRACTIONS[family] = ((whole - local) / scale, (whole - want) / scale)
+    assert abs(local - want) <= 0.01 * whole, (
+        f"{family}: a rank holds {local / whole:.1%} of the {whole} parameters, the plan says "
+        f"{want / whole:.1%}")
+
+
+def check_replicas_agree(family: str, model: torch.nn.Module) -> None:
+    """Every parameter that is not sharded is identical on every rank."""
+    import torch.distributed as dist
+    from slapo.sharding.spec import get_shard_spec
+
+    for name, p in model.named_parameters():
+        if get_shard_spec(p) is not None:
+            continue
+        mine = p.detach().clone()
+        first = mine.clone()
+        dist.broadcast(first, src=0)
+        torch.testing.assert_close(mine, first, rtol=0, atol=1e-6,
+                                   msg=lambda m, n=name: f"{family}: replicated {n} drifts "
+                                   f"across ranks: {m}")
+
+
 def _loss(model: torch.nn.Module, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
     torch.manual_seed(0)
     return model(**inputs).loss
 
 
 def check_auto(family: str, steps: int = STEPS, **knobs: Any) -> List[float]:
-    """Schedule a tiny ``family`` model with ``"auto"``; assert that step 1 gives the
-    reference's outputs and gradients, that ``steps`` SGD steps give its losses, and that a
-    TP rank holds fewer parameters than the whole model. Returns the losses."""
+    """Schedule a tiny ``family`` model (``model_type[:head]``) with ``"auto"``; assert that
+    step 1 gives the reference's outputs and gradients, that ``steps`` SGD steps give its
+    losses, and under TP that this rank shards what the plan says and that replicated
+    parameters agree across ranks. Returns the losses."""
     import torch.distributed as dist
 
-    ref = tiny_plan_model(family)
+    model_type, _, head = family.partition(":")
+    ref = tiny_plan_model(model_type, head=head or "causal")
     model = copy.deepcopy(ref)
     apply_schedule(model, "auto", **knobs)
-    inputs = plan_inputs()
+    inputs = head_inputs(head or "causal", ref)
     sp = knobs.get("sequence_parallel", False)  # norms on sequence chunks: grads summed in bwd
     compare_training(ref, model, inputs, sequence_parallel=sp)
     ws = dist.get_world_size() if dist.is_initialized() else 1
-    if ws > 1:
-        whole = sum(p.numel() for p in ref.parameters())
-        local = sum(p.numel() for p in model.parameters())
-        assert local < whole, f"{family}: a rank holds {local} of {whole} parameters"
+    if ws > 1 and knobs.get("shard_embedding", True):
+        check_plan_fraction(family, ref, model, ws)
     perturbed = rounding_perturbed(ref)
     models = (ref, model, perturbed)
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
@@ -78,6 +153,8 @@ def check_auto(family: str, steps: int = STEPS, **knobs: Any) -> List[float]:
         torch.testing.assert_close(got, want, rtol=TOL["rtol"], atol=atol,
                                    msg=lambda m, s=step: f"{family} loss after step {s + 1}: {m}")
         losses.append(float(want))
+    if ws > 1:
+        check_replicas_agree(family, model)
     return losses
 
 

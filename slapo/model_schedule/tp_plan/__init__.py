@@ -64,9 +64,10 @@ one ``warnings.warn`` and ``sch.metadata["tp_plan_unsharded"]`` on the root (``e
 """
 
 from ...primitives.all_reduce_grads import AllReduceGrads
-from .apply import apply_plan, report_unsharded, unsharded_modules
-from .checks import check_heads, check_styles, cover_regions, group_columns
-from .plan import PlanEntry, plan_error, read_plan, resolve_plan
+from .apply import apply_plan, check_plan, report_unsharded, unsharded_modules
+from .checks import check_heads, check_styles, cover_regions, group_columns, region_params
+from .plan import (PlanEntry, check_plan_paths, plan_error, prefix_of, read_plan,
+                   resolve_plan)
 from .styles import (EXPERTS_STYLE, REFUSED, STYLES, AllReduceOutput, Colwise, Embedding,
                      Experts, PlanContext, Replicate, ReplicatedGradAllReduce, Rowwise, Style,
                      plain_embedding, plain_linear)
@@ -81,4 +82,5 @@ __all__ = ["PlanEntry", "read_plan", "resolve_plan", "plan_error", "apply_plan",
            "Style", "Colwise", "Rowwise", "ReplicatedGradAllReduce", "Embedding",
            "AllReduceOutput", "Replicate", "Experts", "check_styles", "check_heads",
            "group_columns", "cover_regions", "unsharded_modules", "report_unsharded",
-           "plain_embedding", "plain_linear", "AllReduceGrads"]
+           "plain_embedding", "plain_linear", "AllReduceGrads", "check_plan", "check_plan_paths",
+           "prefix_of", "region_params"]

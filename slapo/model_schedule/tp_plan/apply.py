@@ -1,6 +1,7 @@
 """Applying a resolved plan: every entry through its style, then the report of what stays whole.
 
-:func:`apply_plan` checks the plan (:mod:`.checks`), applies the dense entries in module order
+:func:`check_plan` makes every check (:mod:`.checks`, each style's own ``check``) before
+anything changes; :func:`apply_plan` runs it, then applies the dense entries in module order
 (:data:`.styles.STYLES`), reduces the input gradient of grouped column projections once on their
 parent, covers unnamed parameters inside tensor-parallel regions, then shards the experts
 modules with the entries below them as their plan. :func:`report_unsharded` warns about the
@@ -15,11 +16,12 @@ from typing import Dict, List, Sequence, Set, Tuple
 from ...schedule import Schedule
 from .. import common as C
 from ..config import ScheduleConfig
-from .checks import check_heads, check_styles, cover_regions, group_columns, is_sharded
+from .checks import (check_heads, check_styles, cover_regions, group_columns, is_sharded,
+                     region_params)
 from .plan import PlanEntry
 from .styles import EXPERTS_STYLE, STYLES, PlanContext
 
-__all__ = ["apply_plan", "unsharded_modules", "report_unsharded"]
+__all__ = ["check_plan", "apply_plan", "unsharded_modules", "report_unsharded"]
 
 
 def _experts_plan(entries: Sequence[PlanEntry]) -> Tuple[List[PlanEntry],
@@ -42,14 +44,15 @@ def _experts_plan(entries: Sequence[PlanEntry]) -> Tuple[List[PlanEntry],
     return list(owners.values()), experts, dense
 
 
-def apply_plan(sch: Schedule, entries: Sequence[PlanEntry], cfg: ScheduleConfig,
+def check_plan(sch: Schedule, entries: Sequence[PlanEntry], cfg: ScheduleConfig,
                mode: C.TPMode, *, expert_parallel: bool = False) -> PlanContext:
-    """Apply resolved plan ``entries`` with Slapo primitives (nothing without TP); returns
-    what was done (:class:`PlanContext`). Checks every entry before changing anything.
+    """Every check :func:`apply_plan` makes, without changing anything; returns the context
+    the application then uses.
 
     Raises:
         ConfigError: a refused or unknown style, heads the TP size does not divide, an entry
-            whose module does not fit its style (all naming the entry).
+            whose module does not fit its style, unnamed parameters inside a tensor-parallel
+            region, experts or routers that cannot be sharded (all naming the module).
     """
     ctx = PlanContext(sch, cfg, mode, expert_parallel=expert_parallel)
     check_styles(entries)
@@ -58,6 +61,25 @@ def apply_plan(sch: Schedule, entries: Sequence[PlanEntry], cfg: ScheduleConfig,
     owners, ctx.experts, dense = _experts_plan(entries)
     ctx.dense_paths = {e.path for e in dense}
     check_heads(sch, dense)
+    for entry in [*dense, *owners]:
+        STYLES[entry.style].check(ctx, entry)
+    region_params(sch, dense)
+    return ctx
+
+
+def apply_plan(sch: Schedule, entries: Sequence[PlanEntry], cfg: ScheduleConfig,
+               mode: C.TPMode, *, expert_parallel: bool = False) -> PlanContext:
+    """Apply resolved plan ``entries`` with Slapo primitives (nothing without TP); returns
+    what was done (:class:`PlanContext`). Checks every entry before changing anything
+    (:func:`check_plan`).
+
+    Raises:
+        ConfigError: as :func:`check_plan`.
+    """
+    ctx = check_plan(sch, entries, cfg, mode, expert_parallel=expert_parallel)
+    if not mode.tp:
+        return ctx
+    owners, _, dense = _experts_plan(entries)
     groups = group_columns(sch, dense)
     ctx.grouped = {p for paths in groups.values() for p in paths}
     for entry in dense:

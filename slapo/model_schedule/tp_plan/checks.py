@@ -5,7 +5,8 @@
 * :func:`check_heads`: column-parallel head projections split into whole heads;
 * :func:`group_columns`: column-parallel projections fed one shared input (q/k/v, gate/up),
   whose input gradient one all-reduce on the parent serves (read from the parent's source);
-* :func:`cover_regions`: parameters the plan does not name inside a tensor-parallel region.
+* :func:`region_params` / :func:`cover_regions`: parameters the plan does not name inside a
+  tensor-parallel region (found and refused / covered).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from .. import common as C
 from .plan import PlanEntry, plan_error
 from .styles import REFUSED, STYLES, Colwise, PlanContext, Rowwise
 
-__all__ = ["check_styles", "check_heads", "group_columns", "cover_regions", "is_sharded"]
+__all__ = ["check_styles", "check_heads", "group_columns", "cover_regions", "region_params",
+           "is_sharded"]
 
 
 def check_styles(entries: Sequence[PlanEntry]) -> None:
@@ -134,29 +136,42 @@ def _regions(entries: Sequence[PlanEntry]) -> Set[str]:
                      if isinstance(s, Rowwise) and not s.split_input}
 
 
-def cover_regions(ctx: PlanContext, entries: Sequence[PlanEntry]) -> None:
-    """Parameters the plan does not name that sit inside a tensor-parallel region
-    (:func:`_regions`): the activations they touch are sharded, so their gradients are partial.
-    Scalars (a learnable activation's ``alpha``) get ``all_reduce_grads``; anything larger is
-    refused (it would need its own shard).
+def region_params(sch: Schedule, entries: Sequence[PlanEntry]) -> List[str]:
+    """Modules holding parameters the plan does not name inside a tensor-parallel region
+    (:func:`_regions`): the activations they touch are sharded, so their gradients are
+    partial. Only scalars (a learnable activation's ``alpha``) are returned, to get
+    ``all_reduce_grads``; anything larger is refused (it would need its own shard). Changes
+    nothing.
 
     Raises:
         ConfigError: naming the module and its parameters.
     """
     named = {e.path for e in entries} | {e.target for e in entries}
+    scalars: List[str] = []
     for region in sorted(_regions(entries)):
-        for path, mod in ctx.sch[region].mod.named_modules():
+        for path, mod in sch[region].mod.named_modules():
             full = C.join(region, path)
             params = dict(mod.named_parameters(recurse=False))
             if not params or full in named or is_sharded(mod) or any(
                     full.startswith(n + ".") for n in named):
                 continue
             if all(p.numel() == 1 for p in params.values()):
-                ctx.sch[full].all_reduce_grads()
-                ctx.handled.add(full)
+                scalars.append(full)
                 continue
             raise ConfigError(
                 f"'{full}' holds parameters {sorted(params)} inside the tensor-parallel region "
                 f"'{region}' that the plan does not shard: they would see sharded activations",
                 path=full, call="apply_schedule('auto')", module=mod,
                 hint="add a plan entry for it, or schedule this model by hand")
+    return scalars
+
+
+def cover_regions(ctx: PlanContext, entries: Sequence[PlanEntry]) -> None:
+    """``all_reduce_grads`` on the scalar parameters of :func:`region_params`.
+
+    Raises:
+        ConfigError: a larger parameter inside a region (:func:`region_params`).
+    """
+    for full in region_params(ctx.sch, entries):
+        ctx.sch[full].all_reduce_grads()
+        ctx.handled.add(full)

@@ -1,7 +1,9 @@
 """Reading a HuggingFace tensor-parallel plan and resolving it against a model's paths.
 
-:func:`read_plan` joins the config's ``base_model_tp_plan`` (globs relative to the base model)
-and the model class's ``_tp_plan``; :func:`resolve_plan` expands every glob over the model's
+:func:`read_plan` collects the plan as transformers resolves it (every HF model module's class
+``_tp_plan`` and its config's ``base_model_tp_plan``, under the module's real path);
+:func:`check_plan_paths` refuses an entry that addresses a path the model lacks;
+:func:`resolve_plan` expands every glob over the model's
 module and parameter names into :class:`PlanEntry` rows, in module order. Nothing here knows
 what a style means: that is :mod:`.styles`.
 """
@@ -17,7 +19,7 @@ from torch import nn
 from ...errors import ConfigError
 from .. import common as C
 
-__all__ = ["PlanEntry", "read_plan", "resolve_plan", "plan_error"]
+__all__ = ["PlanEntry", "read_plan", "resolve_plan", "plan_error", "check_plan_paths", "prefix_of"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,19 +43,60 @@ class PlanEntry:
         return f"plan entry '{self.glob}: {self.style}' (at '{self.target}')"
 
 
+def _pretrained(mod: nn.Module) -> bool:
+    return hasattr(mod, "config") and hasattr(mod, "base_model_prefix") and hasattr(
+        type(mod), "_tp_plan")
+
+
 def read_plan(model: nn.Module) -> Dict[str, str]:
-    """The model's tensor-parallel plan, globs relative to ``model``: the config class's
-    ``base_model_tp_plan`` under the base-model prefix (``model.`` for ``LlamaForCausalLM``),
-    then the model class's own ``_tp_plan`` (``lm_head``). Empty when the model declares none.
-    A ``base_model_tp_plan`` set on the config instance overrides the class's."""
-    config = getattr(model, "config", None)
-    base = dict(getattr(config, "base_model_tp_plan", None) or {})  # instance overrides class
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    if not (prefix and isinstance(getattr(model, prefix, None), nn.Module)):
-        prefix = ""  # the model is the base model itself
-    plan = {C.join(prefix, glob): style for glob, style in base.items()}
-    plan.update(dict(getattr(type(model), "_tp_plan", None) or {}))
+    """The model's tensor-parallel plan as transformers resolves it (``init_parallel_plans``),
+    globs relative to ``model`` and following its real module paths: every HF model module
+    at path ``p`` contributes its class's ``_tp_plan`` under ``p`` and, where it is the base
+    model of its config (no HF model below it shares that config), the config's
+    ``base_model_tp_plan`` under ``p`` (read from the config instance: an override set on it
+    wins). So the text sub-config's plan of a vision-language model lands under
+    ``model.language_model``, and Llama 4's under its real child ``model`` whatever
+    ``base_model_prefix`` says. Empty when the model declares none."""
+    plan: Dict[str, str] = {}
+    modules = [(path, mod) for path, mod in model.named_modules() if _pretrained(mod)]
+    for path, mod in modules:
+        plan.update({C.join(path, g): s for g, s in (type(mod)._tp_plan or {}).items()})
+        below = [m for p, m in modules if p.startswith(path + ".") or (not path and p)]
+        if any(m.config is mod.config for m in below):
+            continue  # the base model below it contributes the config's plan
+        base = dict(getattr(mod.config, "base_model_tp_plan", None) or {})
+        plan.update({C.join(path, g): s for g, s in base.items()})
     return plan
+
+
+def prefix_of(glob: str) -> str:
+    """The fixed part of ``glob`` that must name a module: before its first ``*`` (without
+    the trailing dot), or its parent path when it has none."""
+    head, star, _ = glob.partition("*")
+    return head.rstrip(".") if star else glob.rpartition(".")[0]
+
+
+def check_plan_paths(model: nn.Module, plan: Dict[str, str]) -> None:
+    """Refuse a plan entry whose fixed prefix (:func:`prefix_of`) names no module of
+    ``model``: it addresses a model structure that is not there, and applying the rest would
+    leave its part silently unsharded. (An entry under an existing layer list that matches no
+    layer is fine: a layer kind this configuration does not use.)
+
+    Raises:
+        ConfigError: naming the entry and the closest existing path.
+    """
+    from ...primitives.module_checks import closest
+
+    names = [name for name, _ in model.named_modules()]
+    known = set(names)
+    for glob, style in plan.items():
+        prefix = prefix_of(glob)
+        if prefix and prefix not in known:
+            raise ConfigError(
+                f"plan entry '{glob}: {style}' matches nothing: '{prefix}' is not a module "
+                f"of {type(model).__name__}", path=prefix, call="apply_schedule('auto')",
+                hint=f"{closest(prefix, names)} Fix the plan (config.base_model_tp_plan / "
+                "_tp_plan) to the model's module paths")
 
 
 def _glob_regex(glob: str) -> "re.Pattern[str]":

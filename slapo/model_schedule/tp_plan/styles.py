@@ -16,7 +16,7 @@ The strings Slapo refuses are in :data:`REFUSED` (checked by :mod:`.checks`).
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar, Dict, Optional, Set
+from typing import ClassVar, Dict, List, Optional, Set
 
 from torch import nn
 
@@ -57,6 +57,10 @@ class Style:
 
     keeps_whole: ClassVar[bool] = False
 
+    def check(self, ctx: PlanContext, entry: PlanEntry) -> None:
+        """Raise ``ConfigError`` (naming the entry) when ``entry``'s module does not fit this
+        style; changes nothing. Runs for every entry before the first :meth:`apply`."""
+
     def apply(self, ctx: PlanContext, entry: PlanEntry) -> None:
         """Turn ``entry`` into primitive calls on ``ctx.sch``."""
         raise NotImplementedError
@@ -95,9 +99,12 @@ class _LinearStyle(Style):
 
     packed: bool = False
 
-    def apply(self, ctx: PlanContext, entry: PlanEntry) -> None:
-        """Check that ``entry`` names a plain Linear, then :meth:`shard` it."""
+    def check(self, ctx: PlanContext, entry: PlanEntry) -> None:
+        """``entry`` must name a plain Linear (or HF Conv1D)."""
         _linear(ctx, entry)
+
+    def apply(self, ctx: PlanContext, entry: PlanEntry) -> None:
+        """:meth:`shard` the Linear ``entry`` names."""
         self.shard(ctx, entry.path, fused=2 if self.packed else 1)
 
     def shard(self, ctx: PlanContext, path: str, fused: int) -> None:
@@ -174,14 +181,18 @@ class Embedding(Style):
 
     axis: int = 0
 
+    def check(self, ctx: PlanContext, entry: PlanEntry) -> None:
+        """``entry`` must name a plain ``nn.Embedding`` (:func:`plain_embedding`)."""
+        mod = ctx.sch[entry.path].mod
+        if not plain_embedding(mod):
+            raise plan_error(entry, "expects a plain nn.Embedding (only a 'weight', no "
+                             f"submodules), found {type(mod).__name__} with "
+                             f"{sorted(n for n, _ in mod.named_parameters())}",
+                             "mark it 'replicate' in the plan, or schedule it by hand", mod)
+
     def apply(self, ctx: PlanContext, entry: PlanEntry) -> None:
         """Shard the embedding at ``entry.path`` (class docs)."""
         node = ctx.sch[entry.path]
-        if not plain_embedding(node.mod):
-            raise plan_error(entry, "expects a plain nn.Embedding (only a 'weight', no "
-                             f"submodules), found {type(node.mod).__name__} with "
-                             f"{sorted(n for n, _ in node.mod.named_parameters())}",
-                             "mark it 'replicate' in the plan, or schedule it by hand", node.mod)
         if self.axis == 0:
             if ctx.cfg.shard_embedding:  # with the knob off the embedding stays whole
                 C.shard_embedding(ctx.sch, [entry.path])
@@ -221,17 +232,27 @@ class Experts(Style):
     ``ctx.expert_parallel``, whole experts per rank; a sibling router (``gate``/``router``) the
     plan does not name stays whole (``moe.replicate_router``)."""
 
+    def check(self, ctx: PlanContext, entry: PlanEntry) -> None:
+        """Everything ``moe.shard_experts`` and ``moe.replicate_router`` would refuse."""
+        moe.check_experts(ctx.sch, entry.path, ctx.mode, ctx.experts[entry.path],
+                          expert_parallel=ctx.expert_parallel)
+        for router in self.routers(ctx, entry):
+            moe.check_router(ctx.sch, router)
+
+    def routers(self, ctx: PlanContext, entry: PlanEntry) -> List[str]:
+        """The sibling routers (``gate``/``router``) the plan does not name."""
+        parent = entry.path.rpartition(".")[0]
+        return [C.join(parent, name) for name in ROUTER_NAMES
+                if C.join(parent, name) in ctx.sch and C.join(parent, name) not in ctx.dense_paths]
+
     def apply(self, ctx: PlanContext, entry: PlanEntry) -> None:
         """Shard the experts at ``entry.path`` and replicate their router."""
         moe.shard_experts(ctx.sch, entry.path, ctx.cfg, ctx.mode, ctx.experts[entry.path],
                           expert_parallel=ctx.expert_parallel)
         ctx.handled.add(entry.path)
-        parent = entry.path.rpartition(".")[0]
-        for name in ROUTER_NAMES:
-            router = C.join(parent, name)
-            if router in ctx.sch and router not in ctx.dense_paths:
-                moe.replicate_router(ctx.sch, router)
-                ctx.handled.add(router)
+        for router in self.routers(ctx, entry):
+            moe.replicate_router(ctx.sch, router)
+            ctx.handled.add(router)
 
 
 STYLES: Dict[str, Style] = {
