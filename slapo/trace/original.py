@@ -25,7 +25,20 @@ _KEY = "_slapo_original"
 
 
 def keep_original(mod: nn.Module, new: nn.Module) -> None:
-    """Record ``mod`` as the module ``new`` stands for (same children and tensor names)."""
+    """Record ``mod`` as the module ``new`` stands for (same children and tensor names); so
+    does every descendant of ``new`` whose class differs from the one at the same path below
+    ``mod`` (a flat ``torch.export`` graph turns BERT's ``query`` Linear into a plain attribute
+    holder, which HF's ``_init_weights`` would not recognise)."""
+    _keep(mod, new)
+    below = dict(mod.named_modules())
+    for path, holder in new.named_modules():
+        old = below.get(path)
+        if path and old is not None and type(old) is not type(holder) and \
+                _KEY not in holder.__dict__:
+            _keep(old, holder)
+
+
+def _keep(mod: nn.Module, new: nn.Module) -> None:
     new.__dict__[_KEY] = mod  # not a child: it must not appear in named_modules()
     if callable(getattr(type(mod), "_init_weights", None)):
         new._init_weights = mod._init_weights  # bound to the original, which holds the config
