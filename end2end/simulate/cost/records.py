@@ -32,7 +32,8 @@ class OpRecord:
 @dataclasses.dataclass(frozen=True)
 class CollectiveRecord:
     """One collective: kind (``allreduce``, ``allgather``, ...), bytes of this rank's tensor,
-    the group's size and global ranks, phase; ``weight`` as for :class:`OpRecord`."""
+    the group's size and global ranks, phase; ``weight`` as for :class:`OpRecord`; ``exposed``:
+    on the critical path even where the runtime overlaps its kind."""
 
     kind: str
     bytes: int
@@ -40,6 +41,7 @@ class CollectiveRecord:
     ranks: Tuple[int, ...]
     phase: str
     weight: float = 1.0
+    exposed: bool = False  # never overlapped with compute (e.g. ZeRO-3's first gather of a pass)
 
 
 def work_totals(ops, collectives) -> Dict[str, float]:

@@ -122,7 +122,7 @@ def rank_seconds(ops, collectives, profile: DeviceProfile, overlapped: Set[str],
     per_phase: Dict[str, float] = {}
     for c in collectives:
         t = collective_seconds(c, profile) * c.weight
-        if c.kind in overlapped:
+        if c.kind in overlapped and not c.exposed:
             per_phase[c.phase] = per_phase.get(c.phase, 0.0) + t
         else:
             exposed += t

@@ -10,13 +10,26 @@ engine holds it), and replaces what ZeRO-3 changes by its model (:func:`zero3_me
 
 * states per rank: ``(2 + 2 + K) x P / DP`` bytes for P parameters in fp16/bf16 (the low-precision
   parameters and gradients, and K = 12: fp32 master weights, Adam's two moments), ``16 x P / DP``
-  in fp32 (parameters, gradients, two moments);
-* working set: the gathered parameters of the layer running and the one prefetched
+  in fp32 (parameters, gradients, two moments); parameters below
+  ``stage3_param_persistence_threshold`` (default 1e5 elements) stay whole on every rank;
+* working set: the gathered parameters of the module running and those prefetched
   (``stage3_prefetch_bucket_size``, default 5e7 elements; at least the largest module), and one
   gradient reduce bucket (``reduce_bucket_size``, default 5e8 elements) in the gradient dtype;
-* collectives per step, over the DP group: an all-gather of every parameter in the forward, again
-  in the backward (again for the recomputation when checkpointing), a reduce-scatter of every
-  gradient; DeepSpeed prefetches and overlaps them with compute;
+* activations: the forward/backward peak of the step simulated on plain PyTorch, with its
+  gradients allocated before the step (ZeRO-3 never holds the model's gradients whole: they
+  leave through the reduce bucket), so neither they nor the optimizer's moments (created in
+  the optimizer phase of the first step) count as activations;
+* the optimizer step, one sub-group (``sub_group_size``, default 1e9 elements) of the rank's
+  partition at a time: the sub-group's fp32 gradient (fp16/bf16 only) and the torch AdamW's
+  multi-tensor temporary (``sqrt`` of the second moment) - 4 + 4 bytes per element, counted
+  once, when the activations are gone: the peak is the states plus the larger of
+  (activations + working set) and those temporaries (DeepSpeed ``stage3.py``:
+  ``_prepare_fp32_grad_for_sub_group``, ``_optimizer_step``);
+* collectives per step, over the DP group: one all-gather per module that holds partitioned
+  parameters, as DeepSpeed's pre-forward hook fetches it, in the forward and again in the
+  backward (again for the recomputation when checkpointing), and a reduce-scatter per reduce
+  bucket; prefetching (bounded by the prefetch bucket) overlaps every gather but the first of a
+  phase with the modules before it, so the first is exposed;
 * its Python outside the recorded ops (:func:`zero3_costs`): per phase, the rank's hooked
   modules (every module of the model), parameters and parameter bytes, charged on the ``cpu``
   profile at the seconds per module / parameter / byte measured with a real ZeRO-3 engine
@@ -37,39 +50,71 @@ two fp32 moments, ``12 x P`` bytes) in place of the simulated AdamW's. The rows 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 
 from end2end.simulate.cost.records import CollectiveRecord, OpRecord
 
-__all__ = ["Modelled", "zero3_memory", "zero3_collectives",
-           "zero3_costs", "PREFETCH_ELEMENTS", "REDUCE_BUCKET_ELEMENTS"]
+__all__ = ["Modelled", "zero3_memory", "zero3_collectives", "module_gathers",
+           "zero3_costs", "PREFETCH_ELEMENTS", "REDUCE_BUCKET_ELEMENTS", "PERSISTENCE_ELEMENTS",
+           "SUB_GROUP_ELEMENTS"]
 
 PREFETCH_ELEMENTS = int(5e7)  # DeepSpeed stage3_prefetch_bucket_size default
 REDUCE_BUCKET_ELEMENTS = int(5e8)  # DeepSpeed reduce_bucket_size default
+PERSISTENCE_ELEMENTS = int(1e5)  # DeepSpeed stage3_param_persistence_threshold default
+SUB_GROUP_ELEMENTS = int(1e9)  # DeepSpeed sub_group_size default
 
 
-def zero3_memory(params: int, dp: int, low_precision: bool, largest_module: int) -> dict:
-    """Bytes per rank of ZeRO-3's states and working set for ``params`` parameters on ``dp``
-    ranks (see the module docstring)."""
+def zero3_memory(params: int, dp: int, low_precision: bool, largest_module: int,
+                 persistent: int = 0) -> dict:
+    """Bytes per rank of ZeRO-3's states, working set and optimizer temporaries for ``params``
+    parameters on ``dp`` ranks, ``persistent`` of them below the persistence threshold (kept
+    whole on every rank; see the module docstring)."""
     half = 2 if low_precision else 4
     master = 12 if low_precision else 8  # fp32 master + 2 moments; fp32: 2 moments only
     gathered = 2 * max(PREFETCH_ELEMENTS, largest_module) * half
-    return dict(param=params * (half + (4 if low_precision else 0)) // dp,
+    partition = params // dp
+    return dict(param=params * (half + (4 if low_precision else 0)) // dp
+                + persistent * half * (dp - 1) // dp,
                 grad=params * half // dp,
                 optstate=params * (master - (4 if low_precision else 0)) // dp,
-                working=gathered + min(REDUCE_BUCKET_ELEMENTS, params) * half)
+                working=gathered + min(REDUCE_BUCKET_ELEMENTS, params) * half,
+                optimizer_temp=min(SUB_GROUP_ELEMENTS, partition)
+                * ((4 if low_precision else 0) + 4))
 
 
-def zero3_collectives(params: int, dp_ranks: tuple, low_precision: bool, recompute: bool
-                      ) -> List[CollectiveRecord]:
-    """ZeRO-3's collectives of one step on this rank, over the DP group ``dp_ranks``."""
+def zero3_collectives(gathered: List[int], params: int, dp_ranks: tuple, low_precision: bool,
+                      recompute: bool) -> List[CollectiveRecord]:
+    """ZeRO-3's collectives of one step on this rank, over the DP group ``dp_ranks``:
+    ``gathered``, the elements each module fetches (its partitioned parameters, in module
+    order), all-gathered per module in each pass; ``params`` reduce-scattered per bucket. The
+    first gather of a pass is ``exposed`` (module docstring)."""
     if len(dp_ranks) < 2:
         return []
-    size = params * (2 if low_precision else 4)
-    gathers = [("forward", "allgather")] + [("backward", "allgather")] * (2 if recompute else 1)
-    return [CollectiveRecord(kind, size, len(dp_ranks), dp_ranks, phase)
-            for phase, kind in gathers + [("backward", "reducescatter")]]
+    half = 2 if low_precision else 4
+    g = len(dp_ranks)
+    out: List[CollectiveRecord] = []
+    passes = [("forward", gathered)] + [("backward", gathered[::-1])] * (2 if recompute else 1)
+    for phase, sizes in passes:
+        out += [CollectiveRecord("allgather", n * half, g, dp_ranks, phase, exposed=i == 0)
+                for i, n in enumerate(x for x in sizes if x)]
+    full, rest = divmod(params, REDUCE_BUCKET_ELEMENTS)
+    out += [CollectiveRecord("reducescatter", REDUCE_BUCKET_ELEMENTS * half, g, dp_ranks,
+                             "backward")] * full
+    if rest:
+        out.append(CollectiveRecord("reducescatter", rest * half, g, dp_ranks, "backward"))
+    return out
+
+
+def module_gathers(model) -> Tuple[List[int], int]:
+    """Per module (in module order) the elements of its own partitioned parameters (those at or
+    above the persistence threshold), and the elements of the persistent ones."""
+    sizes, persistent = [], 0
+    for m in model.modules():
+        own = [p.numel() for p in m.parameters(recurse=False)]
+        sizes.append(sum(n for n in own if n >= PERSISTENCE_ELEMENTS))
+        persistent += sum(n for n in own if n < PERSISTENCE_ELEMENTS)
+    return sizes, persistent
 
 
 def zero3_costs(modules: int, params: int, param_bytes: int, dtype: str) -> List[OpRecord]:
@@ -124,15 +169,17 @@ class Modelled:
         params = result.parameters
         largest = max((sum(p.numel() for p in m.parameters(recurse=False))
                        for m in runner.model.modules()), default=0)
-        zero = zero3_memory(params, self.layout.dp, low, largest)
+        gathered, persistent = module_gathers(runner.model)
+        zero = zero3_memory(params, self.layout.dp, low, largest, persistent)
         mem = result.memory
         activation = mem["activation"]
-        mem.update({k: zero[k] for k in ("param", "grad", "optstate")},
-                   working=zero["working"],
-                   peak=activation + sum(zero.values()) + mem.get("buffer", 0))
+        states = zero["param"] + zero["grad"] + zero["optstate"] + mem.get("buffer", 0)
+        mem.update({k: zero[k] for k in ("param", "grad", "optstate", "working",
+                                         "optimizer_temp")},
+                   peak=states + max(activation + zero["working"], zero["optimizer_temp"]))
         ranks = tuple(range(dist.get_world_size()))
         recompute = self.spec.ckpt not in ("0", "0.0")
-        result.collectives.extend(zero3_collectives(params, ranks, low, recompute))
+        result.collectives.extend(zero3_collectives(gathered, params, ranks, low, recompute))
         trained = [p for p in runner.model.parameters() if p.requires_grad]
         result.ops.extend(zero3_costs(
             sum(1 for _ in runner.model.modules()), len(trained),
@@ -154,17 +201,36 @@ def _pipeline_master_states(result, low_precision: bool) -> None:
 
 def _zero3_builder(request):
     """DeepSpeed's mode on fake tensors: the same scheduled model, trained one step on plain
-    PyTorch in the run's dtype (ZeRO-3 itself is added by :meth:`Modelled.finish`)."""
+    PyTorch in the run's dtype (ZeRO-3 itself is added by :meth:`Modelled.finish`). Its
+    gradients exist before the step and the backward accumulates into them (:func:`_zero3_step`),
+    so that the forward/backward peak is activations only (module docstring)."""
     import slapo
+    import torch
 
-    from end2end.driver.builders import plain_torch_step
     from end2end.driver.runner import Runner, scheduled_model
 
     built, _ = slapo.build(scheduled_model(request), target="torch")
     if request.low_precision:
         built = built.to(request.dtype)
-    opt = request.optimizer([p for p in built.parameters() if p.requires_grad])
-    return Runner(request.mode.name, built, opt, plain_torch_step(built, opt))
+    trained = [p for p in built.parameters() if p.requires_grad]
+    for p in trained:
+        p.grad = torch.zeros_like(p)
+    opt = request.optimizer(trained)
+    return Runner(request.mode.name, built, opt, _zero3_step(built, opt))
+
+
+def _zero3_step(model, opt):
+    """The stand-in's training step: forward, backward into the existing gradients, the
+    optimizer's step (the loss read back, as the driver's step does)."""
+    device = next(model.parameters()).device
+
+    def step(batch) -> float:
+        loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
+        loss.backward()
+        opt.step()
+        return loss.detach().item()
+
+    return step
 
 
 def _torch_pipeline(request, sch):

@@ -12,7 +12,9 @@ count) reads as 1 (1.0 for floating point) unless fake mode knows it (a constant
 that a pipeline stage packs into a tensor): the values are meaningless, the shapes are not.
 
 Memory: the recorder keeps the bytes of every storage an op creates while it lives (a weak
-reference per storage, freed when Python frees it) and their peak over the step; the caller adds
+reference per storage, freed when Python frees it) and their peak over the step and within each
+phase (:attr:`StepRecorder.phase_peak`: the optimizer's temporaries apart from the
+activations); the caller adds
 what was resident before (parameters, buffers). ``MemTracker`` of ``torch.distributed._tools``
 does the same with categories, but scans all live tensors on every op (quadratic: a minute per
 step of a 2.7B model), so it is not used. Like it, the recorder follows storage resizes (FSDP2
@@ -101,6 +103,7 @@ class StepRecorder(TorchDispatchMode):
         self._collective_ops = collective_ops - sync_ops
         self.live = 0  # bytes of storages created in the step and still alive
         self.peak = 0
+        self.phase_peak: Dict[str, int] = {}  # the peak of ``live`` within each phase
         self._seen: Dict[int, int] = {}
         # storages the step used but did not create (key -> bytes): parameters, the batch,
         # and what a runtime allocated before the step outside the model's state (DDP's
@@ -135,7 +138,7 @@ class StepRecorder(TorchDispatchMode):
             weakref.finalize(storage, self._free, key)
         self.live += size - self._seen[key]
         self._seen[key] = size
-        self.peak = max(self.peak, self.live)
+        self._new_peak()
 
     def current_phase(self) -> str:
         if self.phase == "optimizer":
@@ -183,7 +186,15 @@ class StepRecorder(TorchDispatchMode):
             self._seen[key] = size
             self.live += size
             weakref.finalize(storage, self._free, key)
-        self.peak = max(self.peak, self.live)
+        self._new_peak()
+
+    def _new_peak(self) -> None:
+        """Follow the peak of live bytes, over the step and within the current phase."""
+        if self.live > self.peak:
+            self.peak = self.live
+        phase = self.current_phase()
+        if self.live > self.phase_peak.get(phase, -1):
+            self.phase_peak[phase] = self.live
 
     def untracked_bytes(self, known) -> int:
         """Bytes of the storages the step used without creating them, less those of the

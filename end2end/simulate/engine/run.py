@@ -106,6 +106,7 @@ def _collective_summary(collectives, overlapped) -> List[Dict[str, Any]]:
         g = groups.setdefault(key, dict(kind=c.kind, group_size=c.group_size, phase=c.phase,
                                         calls=0, bytes=0, overlapped=c.kind in overlapped))
         g["calls"] += c.weight
+        g["exposed_calls"] = g.get("exposed_calls", 0) + (c.weight if c.exposed else 0)
         g["bytes"] += c.bytes * c.weight
     return list(groups.values())
 

@@ -25,7 +25,7 @@ from end2end.simulate.cost.records import CollectiveRecord, OpRecord
 from end2end.simulate.engine.recorder import StepRecorder, rank_local
 
 __all__ = ["RankResult", "simulate_rank", "simulate_rank_isolated", "rank_result_from_json",
-           "build_pipeline_schedule"]
+           "build_pipeline_schedule", "steady_memory", "multi_tensor_optimizer"]
 
 
 @dataclasses.dataclass
@@ -107,6 +107,8 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
         runner = build_runner(spec, layout, dtype, env.device, builders=modelled.builders)
         batch = rank_batch(spec, layout, env.rank, env.device, dtype)
         build_pipeline_schedule(runner, batch)
+        if gpu:
+            multi_tensor_optimizer(runner.optimizer)
         before = _resident(runner)
         recorder = StepRecorder()
         hooks = _optimizer_phase(recorder)
@@ -123,13 +125,53 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
         base = before["param"] + before["buffer"] + before["grad"] + before["optstate"]
         # + what the step used that existed before it outside that state (DDP's buckets)
         base += recorder.untracked_bytes(t for ts in _state_tensors(runner).values() for t in ts)
-        memory = dict(after, peak=base + recorder.peak,
-                      activation=max(0, base + recorder.peak - sum(after.values())))
+        memory = dict(after, **steady_memory(base, recorder.phase_peak, before, after))
         result = RankResult(rank, recorder.ops, recorder.collectives, memory, params,
                             totals=recorder.totals(),
                             attention=dict(getattr(attention, "chosen", {})))
         modelled.finish(result, runner)
         return result
+
+
+def steady_memory(base: int, phase_peak: Dict[str, int], before: Dict[str, int],
+                  after: Dict[str, int]) -> Dict[str, int]:
+    """``peak`` and ``activation`` of a training step in its steady state, from the first step
+    recorded: ``base`` (bytes resident when the step began), the recorder's peak of live bytes
+    per phase, and the states before and after the step (:func:`_resident`).
+
+    The first step creates the optimizer's states (AdamW's moments) in its optimizer phase; every
+    later step starts with them, so they are added to the forward/backward peak, and the
+    optimizer phase's own peak (states, gradients and the optimizer's temporaries, counted once)
+    is the other candidate. ``activation`` is what the forward/backward peak holds beyond the
+    states after the step. Without an optimizer phase (an optimizer that calls no step hooks),
+    the step's overall peak, as recorded."""
+    compute = max(phase_peak.get("forward", 0), phase_peak.get("backward", 0))
+    states = sum(after.values())
+    if "optimizer" not in phase_peak:
+        peak = base + max(phase_peak.values(), default=0)
+        return dict(peak=peak, activation=max(0, peak - states))
+    created = max(0, after["optstate"] - before["optstate"])
+    peak = base + max(compute + created, phase_peak["optimizer"])
+    return dict(peak=peak, activation=max(0, base + compute + created - states),
+                optimizer_peak=base + phase_peak["optimizer"])
+
+
+def multi_tensor_optimizer(optimizer) -> bool:
+    """On a GPU profile, a torch optimizer left to choose its implementation (``foreach`` not
+    set) runs its multi-tensor (``foreach``) form, as PyTorch picks it for CUDA tensors
+    (``torch.optim.optimizer._default_to_fused_or_foreach``); fake tensors live on the CPU, where
+    it would pick the per-parameter loop. Its temporaries then count as on the GPU: AdamW's
+    ``sqrt`` of the second moments is one tensor list over all parameters at once. True if it
+    was switched."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(optimizer, torch.optim.Optimizer) or not groups or \
+            "foreach" not in optimizer.defaults or optimizer.defaults.get("foreach") is not None:
+        return False
+    for group in groups:
+        if group.get("foreach") is None and not group.get("fused") \
+                and not group.get("differentiable"):
+            group["foreach"] = True
+    return True
 
 
 def build_pipeline_schedule(runner, batch) -> bool:
