@@ -7,7 +7,10 @@
   (``max(flops / rate(kind, flops), bytes / bandwidth(op, bytes)) + per-op cost``, views their
   own measured cost), with the threads a rank has: all cores for a 1-rank run, one per rank
   when several ranks share the machine (``ranks_on_node``; torchrun's ``OMP_NUM_THREADS=1``).
-* Each collective: ring alpha-beta, ``steps x alpha + factor x bytes / bandwidth``, factor
+* Each collective: ring alpha-beta, ``base + steps x alpha + factor x bytes / bandwidth``
+  (NCCL's latency model: a fixed ``collective_base_s`` per call, ``inter_alpha_s`` for the
+  ring's steps that cross nodes - ``nodes - 1`` of its ``g - 1`` per pass - and ``alpha_s``
+  for the others), factor
   ``2 (g-1)/g`` for an all-reduce, ``(g-1)/g`` for an all-gather / reduce-scatter / all-to-all
   (of the whole tensor), 1 for a point-to-point send or a broadcast. The bandwidth
   (:func:`ring_bandwidth`): a group inside one node runs on NVLink (per GPU, one direction). A
@@ -103,12 +106,16 @@ def collective_seconds(c: CollectiveRecord, profile: DeviceProfile) -> float:
     if g == 1 or c.kind == "barrier":
         return 0.0
     ranks = c.ranks or tuple(range(g))
-    inter = len(ranks_per_node(ranks, profile.gpus_per_node)) > 1
+    nodes = len(ranks_per_node(ranks, profile.gpus_per_node))
     bw = ring_bandwidth(ranks, profile) * profile.link_efficiency
     if profile.eager is not None:
         bw = profile.eager.collective_bandwidth.get(c.kind, bw)
-    alpha = profile.inter_alpha_s if inter else profile.alpha_s
-    return ring_steps(c.kind, g) * alpha + ring_factor(c.kind, g) * c.bytes / bw
+    steps = ring_steps(c.kind, g)
+    # NCCL's ring latency: the steps that cross a node boundary at the network's latency
+    crossing = min(steps, (nodes - 1) * steps // max(g - 1, 1)) if nodes > 1 else 0
+    latency = profile.collective_base_s + crossing * profile.inter_alpha_s \
+        + (steps - crossing) * profile.alpha_s
+    return latency + ring_factor(c.kind, g) * c.bytes / bw
 
 
 def rank_seconds(ops, collectives, profile: DeviceProfile, overlapped: Set[str],

@@ -23,12 +23,19 @@ def _gather(ranks, nbytes=10 ** 10, kind="allgather"):
 
 
 def _beta(c: CollectiveRecord, profile) -> float:
-    """The bandwidth term of a collective's seconds (its latency steps taken off)."""
-    inter = len({r // profile.gpus_per_node for r in c.ranks}) > 1
-    alpha = profile.inter_alpha_s if inter else profile.alpha_s
-    steps = 2 * (c.group_size - 1) if c.kind == "allreduce" else (
-        1 if c.kind == "p2p" else c.group_size - 1)
-    return collective_seconds(c, profile) - steps * alpha
+    """The bandwidth term of a collective's seconds (its latency taken off)."""
+    return collective_seconds(c, profile) - collective_seconds(
+        dataclasses.replace(c, bytes=0), profile)
+
+
+def test_latency_follows_nccls_ring_model():
+    """A ring's latency: NCCL's base per call, the network's per step for the steps that cross
+    nodes (nodes - 1 per pass), NVLink's for the others."""
+    inside = collective_seconds(_gather(range(8), 0), V100)
+    assert inside == pytest.approx(V100.collective_base_s + 7 * V100.alpha_s)
+    across = collective_seconds(_gather(range(64), 0, kind="allreduce"), V100)
+    assert across == pytest.approx(V100.collective_base_s + 2 * 7 * V100.inter_alpha_s
+                                   + 2 * 56 * V100.alpha_s)
 
 
 @pytest.mark.parametrize("n", [16, 32, 64])
