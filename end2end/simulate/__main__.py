@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-devices", type=int, default=64,
                    help="the largest GPU count for 'pow2' lines")
     p.add_argument("--calibrate", action="store_true",
-                   help="--device cpu: re-measure this machine (else the cached measurement)")
+                   help="--device cpu: re-measure this machine (else the cached measurement; "
+                        "a missing one is measured only on a quiet machine)")
     p.add_argument("--calibration", default="", help="the cpu profile's cache file "
                    "(default: ~/.cache/slapo/cpu_profile.json)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run")
@@ -77,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
     done = {r.key for r in _check_results_file(out)}
     runs = [s for s in select_runs(args.config, args.only, args.max_devices) if s.key not in done]
     env = dict(env_dump("cpu"), device=profile.label, simulated=True,
-               profile=profile.description)
+               profile=profile.description, calibration=profile.provenance)
     log.info("%s: %d runs to simulate for %s -> %s", args.config, len(runs), profile.label, out)
+    log.info("predicting with the %s", profile.provenance)
     for i, spec in enumerate(runs, 1):
         began = time.perf_counter()
         values = simulate_run(spec, profile.name, args.calibration, args.timeout)

@@ -5,11 +5,14 @@ prediction as one JSON line, the line ``slapo.autotune``'s ``predict`` command p
     {"status": "sim", "memory_gb": 1.21, "samples_per_s": 3.4, "error": "", ...}
 
 The run is validated as the driver validates it (``make_run_spec``: the same errors as
-``autotune.driver`` and a config line) and simulated in a worker process of its own
+``autotune.driver`` and a config line) before any profile is read or measured (this command
+never calibrates: ``--device cpu`` needs a calibration file), and simulated in a worker process
+of its own
 (:func:`end2end.simulate.engine.run.simulate_run`), so no fake world lives in this process.
 ``memory_gb`` is the predicted ``PerGPUMem`` (peak per rank, comparable with what the driver
 measures: on ``cpu`` the profile's calibrated RSS overhead included), ``samples_per_s`` the
-predicted throughput. ``status``: ``sim``; ``sim-oom`` when ``memory_gb`` exceeds
+predicted throughput, ``calibration`` which calibration (file, date, load) or datasheet
+profile the prediction used. ``status``: ``sim``; ``sim-oom`` when ``memory_gb`` exceeds
 ``--mem-budget-gb`` (the budget the driver's ``--mem-budget-gb`` enforces for real), or, without
 a budget, when the profile predicts the device's memory is exceeded; ``fail`` with the error a
 real run would raise (an invalid run prints ``fail`` too); ``timeout`` after ``--timeout``.
@@ -90,8 +93,7 @@ def predict_one(args: argparse.Namespace) -> Dict[str, Any]:
                           hint="give the cpu profile's measurement (e.g. docs/results/"
                           "cpu_profile.json) or measure one: python -m end2end.simulate."
                           f"calibrate --out {args.calibration}")
-    profile = get_profile(args.device, args.calibration or None)  # an unknown name: ConfigError
-    try:
+    try:  # the run first: an invalid one is answered before any profile is read
         spec = make_run_spec(args.mode, args.model, args.gpus, args.seq_len, args.dec_seq_len,
                              args.batch_size, args.ckpt, source="end2end.simulate.one",
                              dtype=args.dtype, tp=args.tp, pp=args.pp,
@@ -99,10 +101,12 @@ def predict_one(args: argparse.Namespace) -> Dict[str, Any]:
                              knobs=format_knobs(args.knob) or None)
     except SlapoError as exc:
         return {"status": "fail", "error": f"invalid run: {' '.join(str(exc).split())}"}
+    profile = get_profile(args.device, args.calibration or None)  # an unknown name: ConfigError
     began = time.perf_counter()
     values = simulate_run(spec, profile.name, args.calibration, args.timeout)
     out = prediction_line(values, args.mem_budget_gb)
-    out.update(seconds=round(time.perf_counter() - began, 2), device=profile.label)
+    out.update(seconds=round(time.perf_counter() - began, 2), device=profile.label,
+               calibration=profile.provenance)
     return out
 
 

@@ -267,7 +267,10 @@ def _prove(args: argparse.Namespace, argv: Optional[Sequence[str]]) -> int:
         print("end2end.simulate.proof: no run has both a measured ok row and a simulated row",
               file=sys.stderr)
         return 1
+    from end2end.simulate.cost.profiles import get_profile
+
     text = report(both, summarise(both), pairs(both), command)
+    text += f"\nPredicted with the {get_profile('cpu', calibration or None).provenance}.\n"
     (out / "proof.md").write_text(text)
     print(text)
     return 0

@@ -37,6 +37,9 @@ What the cache file (JSON) holds, every number measured here, nothing fitted to 
   refused with the command to re-measure it).
 * ``threads`` (= ``cores``): ``torch.get_num_threads()`` of the measuring process (a 1-rank
   run's threads); ``measured``: when.
+* ``load``: the machine's load when the measurement began (load average, cores, the busy and
+  stolen shares of CPU time over half a second) and the spread of the three GEMM windows
+  (:mod:`end2end.simulate.calibration.load`); rows predicted with the file say it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import torch
+
+from slapo.errors import ConfigError
 
 from end2end.simulate.cost.profiles import DEFAULT_CACHE, FORMAT, profile_from_file
 
@@ -178,10 +183,15 @@ def measure_cpu() -> Dict[str, float]:
     """Measure this machine (see the module docstring)."""
     from end2end.models.flops import measure_gemm_flops
 
+    from end2end.simulate.calibration.load import machine_load, spread
+
+    load = machine_load()
     cpu = torch.device("cpu")
-    flops = {name: max(measure_gemm_flops(cpu, getattr(torch, name), size=1024, seconds=0.3)
-                       for _ in range(3)) for name in ("float32", "bfloat16")}
+    repeats = {name: [measure_gemm_flops(cpu, getattr(torch, name), size=1024, seconds=0.3)
+                      for _ in range(3)] for name in ("float32", "bfloat16")}
+    flops = {name: max(values) for name, values in repeats.items()}
     flops["float16"] = flops["bfloat16"]
+    load["spread"] = round(max(spread(v) for v in repeats.values()), 3)
     from end2end.simulate.calibration.eager import measure_eager
 
     from end2end.simulate.calibration.zero3 import measure_zero3
@@ -194,23 +204,55 @@ def measure_cpu() -> Dict[str, float]:
                                 runtime_seconds=runtime)
     return dict(format=FORMAT, flops=flops, memory_bandwidth=_copy_bandwidth(), **comm,
                 **memory_calibration(), eager=eager.to_json(), cores=eager.cores,
-                threads=torch.get_num_threads(), measured=time.strftime("%Y-%m-%d %H:%M"))
+                threads=torch.get_num_threads(), measured=time.strftime("%Y-%m-%d %H:%M"),
+                load=load)
 
 
 def cpu_profile(cache: Optional[str] = None, recalibrate: bool = False):
     """The ``cpu`` :class:`~end2end.simulate.cost.profiles.DeviceProfile` (cached measurement:
-    ``cache``, default :data:`DEFAULT_CACHE`; measured when missing or ``recalibrate``)."""
+    ``cache``, default :data:`DEFAULT_CACHE`; measured when missing or ``recalibrate``).
+
+    Measuring checks the machine first (:mod:`end2end.simulate.calibration.load`): a calibration
+    nobody asked for (the file missing, no ``recalibrate``) is refused on a busy machine with a
+    one-line error; one asked for is measured with a one-line warning, and the file records
+    the load either way (the GEMM repeats' spread too, warned about when large)."""
+    from end2end.simulate.calibration.load import describe_load, machine_load, verdict
+
     path = Path(cache) if cache else DEFAULT_CACHE
     if recalibrate or not path.exists():
+        busy = verdict(machine_load())
+        if busy and not recalibrate:
+            raise ConfigError(f"no cpu calibration at {path}, and this machine is busy "
+                              f"({busy}): it is not measured implicitly",
+                              call="end2end.simulate --device cpu",
+                              hint=f"measure it on a quiet machine (python -m "
+                                   f"end2end.simulate.calibrate --out {path}) or pass "
+                                   "--calibration docs/results/cpu_profile.json")
+        if busy:
+            _warn(f"calibrating on a busy machine ({busy}): the cpu profile will be wrong; "
+                  "re-measure on a quiet one")
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(measure_cpu(), indent=1) + "\n")
+        data = measure_cpu()
+        path.write_text(json.dumps(data, indent=1) + "\n")
+        after = verdict(data["load"])
+        if after and not busy:
+            _warn(f"the calibration in {path} was measured under load "
+                  f"({describe_load(data['load'])})")
     return profile_from_file(path)
 
 
+def _warn(line: str) -> None:
+    """One line on stderr, through the commands' logger."""
+    from end2end.cli import get_logger
+
+    get_logger("end2end.simulate.calibrate").warning(line)
+
+
 def device_profile(name: str, calibration: Optional[str] = None, recalibrate: bool = False):
-    """The profile called ``name`` for a command: ``cpu`` measured on this machine when its
-    calibration file (``calibration``, default the cache) is missing or ``recalibrate``, then
-    read; the GPU profiles from their table (:func:`end2end.simulate.cost.profiles.get_profile`)."""
+    """The profile called ``name`` for a command: ``cpu`` measured on this machine when
+    ``recalibrate`` or, on a quiet machine only, when its calibration file (``calibration``,
+    default the cache) is missing (:func:`cpu_profile`), then read; the GPU profiles from their
+    table (:func:`end2end.simulate.cost.profiles.get_profile`)."""
     from end2end.simulate.cost.profiles import get_profile
 
     if name == "cpu":

@@ -40,11 +40,12 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from slapo.errors import ConfigError
 
 from end2end.simulate.cost.cpu_model import EagerCpuModel
+from end2end.simulate.cost.load_verdict import describe_load
 
 __all__ = ["DeviceProfile", "PROFILES", "SOURCES", "get_profile", "profile_from_file", "FORMAT",
            "FORMAT_CHANGES", "DEFAULT_CACHE", "GIB"]
@@ -81,6 +82,16 @@ class DeviceProfile:
     attention_efficiency: Dict[str, float] = dataclasses.field(default_factory=dict)
     host_op_s: float = 0.0
     collective_base_s: float = 0.0  # fixed latency per collective call (NCCL's baseLat)
+    calibration: Dict[str, Any] = dataclasses.field(default_factory=dict)  # ``cpu``: its file
+
+    @property
+    def provenance(self) -> str:
+        """Which calibration a prediction used: the ``cpu`` file, when it was measured and under
+        what load; a GPU profile's datasheet numbers."""
+        if not self.calibration:
+            return f"{self.name}: datasheet profile (end2end/simulate/cost/profiles.py SOURCES)"
+        c = self.calibration
+        return f"cpu calibration {c['path']} measured {c['measured']}, {describe_load(c['load'])}"
 
     def rate(self, dtype: str) -> float:
         """Peak FLOP/s of ``dtype`` (float32 for dtypes without a table entry)."""
@@ -227,8 +238,10 @@ def profile_from_file(path: Path):
                           f"simulator reads format {FORMAT} (it measures more: "
                           f"{FORMAT_CHANGES[FORMAT]})", call="end2end.simulate --device cpu",
                           hint=hint)
+    calibration = dict(path=str(path), measured=data["measured"], load=data.get("load"))
     return dataclasses.replace(
-        DeviceProfile("cpu", f"this machine, measured {data['measured']} ({path})",
+        DeviceProfile("cpu", f"this machine, measured {data['measured']} ({path}; "
+                      f"{describe_load(data.get('load'))})",
                       float(psutil.virtual_memory().total), data["flops"],
                       data["memory_bandwidth"], data["bandwidth"], data["bandwidth"],
                       gpus_per_node=64),
@@ -236,4 +249,5 @@ def profile_from_file(path: Path):
         link_efficiency=1.0, alpha_s=data["alpha_s"], inter_alpha_s=data["alpha_s"],
         allocator_overhead=0.0, reserved_bytes=0.0,
         measured_overhead=data.get("memory_overhead", 0.0),
-        measured_fixed_bytes=data.get("memory_fixed_bytes", 0.0), eager=eager)
+        measured_fixed_bytes=data.get("memory_fixed_bytes", 0.0), eager=eager,
+        calibration=calibration)

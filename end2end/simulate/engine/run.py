@@ -68,7 +68,8 @@ def _values(spec, layout, results, profile) -> Dict[str, Any]:
         f"predicted {need / 1e9:.1f} GB per rank (peak {peak / 1e9:.1f} GB + "
         f"{profile.allocator_overhead:.0%} allocator overhead + "
         f"{profile.reserved_bytes / 1e9:.1f} GB reserved) > {profile.memory_bytes / 1e9:.0f} GB")
-    extra = dict(simulated=True, profile=profile.name, modelled=results[0].modelled,
+    extra = dict(simulated=True, profile=profile.name, calibration=profile.provenance,
+                 modelled=results[0].modelled,
                  extrapolated=results[0].extrapolated,
                  attention=_attention_text(results, profile),
                  layout=layout.as_record(), roles=[r.rank for r in results],
