@@ -1,27 +1,32 @@
 """``apply_schedule(model, "auto")``: a schedule derived from the model's own tensor-parallel plan.
 
-Any transformers 5 causal LM whose config declares ``base_model_tp_plan`` (164 families) gets:
+Any transformers 5 model whose plan transformers can resolve (``model._tp_plan``: the config's
+``base_model_tp_plan`` and the sub-configs', e.g. the text model of a vision-language model,
+under the real module paths) gets, in three phases:
 
-1. the plan entries as Slapo primitives (:mod:`slapo.model_schedule.tp_plan`: every style, one
-   class each, either becomes ``shard``/``sync``/``all_reduce_grads`` calls or is refused with
-   a ``ConfigError`` naming the entry; mixture-of-experts entries go to
-   :mod:`slapo.model_schedule.moe`);
-2. what Slapo adds on top:
+* **plan**: the plan read as transformers resolves it (:func:`slapo.model_schedule.tp_plan.
+  read_plan`), every glob expanded over the model's paths; an entry whose fixed prefix names no
+  module is refused (it would leave its part silently whole);
+* **check** (nothing has changed yet; a refused model is exactly the model passed in): every
+  style and the module it names, head and kv-head counts, unnamed parameters inside TP
+  regions, experts and routers (``tp_plan.check_plan``), the vocab-parallel embedding(s) and
+  head and the loss they need (:mod:`.auto_checks`: from the head the model really has, not
+  the family), sequence parallelism by the layers' dataflow, pipeline cuts;
+* **apply**:
 
-   * the op library's SDPA attention (:func:`slapo.op.attention_from_hf`) for the attention
-     classes it covers exactly (:data:`OP_ATTENTION`, e.g. LLaMA's), sharded by heads
-     (``common.shard_attention``) instead of the plan's q/k/v/o entries; other attentions stay
-     HF's, sharded by the plan (HF 5 attentions reshape with ``-1`` heads);
-   * the op library's one-function RMSNorm for every ``*RMSNorm`` it reproduces (checked on a
-     probe input at schedule time; Gemma's ``1 + weight`` norms are kept), with ``fuse``;
-   * a vocab-parallel embedding and LM head (tied or not) with the vocab-parallel causal loss,
-     with ``shard_embedding`` (the plan's ``embed_tokens``/``lm_head`` entries are replaced by
-     it; with the knob off both stay whole), and the sequence-parallel region: the tail the
-     hand-written decoder recipes share (``common.vocab_and_sequence_parallel``);
-   * ``ckpt_ratio`` over the decoder layers, ``pipeline_cuts`` (needs ``example_inputs``), KV
-     cache off, ``sequence_parallel`` for LLaMA-shaped layers (refused otherwise);
-3. a report of the modules the plan leaves whole (``warnings.warn`` and
-   ``sch.metadata["tp_plan_unsharded"]``, shown by ``explain``).
+  1. the plan entries as Slapo primitives (:mod:`slapo.model_schedule.tp_plan`; experts
+     through :mod:`slapo.model_schedule.moe`);
+  2. what Slapo adds on top: the op library's SDPA attention (:func:`slapo.op.attention_from_hf`)
+     for the attention classes it covers exactly (:data:`OP_ATTENTION`), sharded by heads
+     instead of by the plan's q/k/v/o entries; the op library's RMSNorm for every ``*RMSNorm`` it
+     reproduces (checked on a probe input; Gemma's ``1 + weight`` norms are kept), with
+     ``fuse``; a vocab-parallel embedding (with every embedding tied to it or to the head) and
+     LM head with the vocab-parallel loss of that head (``auto_checks.head_loss``: causal,
+     masked, or the model's own on gathered logits; ``sch.metadata["auto_loss"]``), with
+     ``shard_embedding``; ``ckpt_ratio``, ``pipeline_cuts`` (needs ``example_inputs``), KV
+     cache off, ``sequence_parallel`` where the dataflow is LLaMA's;
+  3. a report of the modules the plan leaves whole (``warnings.warn`` and
+     ``sch.metadata["tp_plan_unsharded"]``, shown by ``explain``).
 
 Knobs: every ``ScheduleConfig`` field, plus ``example_inputs`` (for pipeline cuts) and
 ``expert_parallel`` (MoE: whole experts per rank instead of a slice of every expert).

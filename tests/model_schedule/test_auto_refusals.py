@@ -56,6 +56,10 @@ REFUSALS = (
     ("gemma2", {}, {"sequence_parallel": True}, r"sequence_parallel is not supported.*norms"),
     ("qwen3", {}, {"sequence_parallel": True, "pipeline_cuts": [5]},
      r"pipeline_cuts needs example_inputs"),
+    # a per-head parameter one level below the attention, whose output projection is one
+    # level down too (output_projection.o_proj): still inside the TP region
+    ("neomme:masked", {}, {}, r"\['alpha'\] inside the tensor-parallel region "
+     r"'model\.layers\.0\.self_attn'"),
 )
 
 
@@ -64,7 +68,8 @@ def _refusals_leave_model_unchanged():
     warnings.filterwarnings("ignore")
     done = []
     for family, overrides, knobs, match in REFUSALS:
-        model = tiny_plan_model(family, **overrides)
+        name, _, head = family.partition(":")
+        model = tiny_plan_model(name, head=head or "causal", **overrides)
         inputs = plan_inputs()
         torch.manual_seed(0)
         loss = model(**inputs).loss.detach()

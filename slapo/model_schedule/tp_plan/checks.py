@@ -125,15 +125,32 @@ def is_sharded(mod: nn.Module) -> bool:
     return any(get_shard_spec(p) is not None for p in mod.parameters(recurse=False))
 
 
+def _common(a: str, b: str) -> str:
+    parts = []
+    for x, y in zip(a.split("."), b.split(".")):
+        if x != y:
+            break
+        parts.append(x)
+    return ".".join(parts)
+
+
 def _regions(entries: Sequence[PlanEntry]) -> Set[str]:
-    """Modules with a column-parallel child whose output is not gathered back and a
-    row-parallel child that does not split its input again: between the two, activations are
-    sharded (olmo2's gathered q/k/v feed whole-hidden norms, so they open no region)."""
-    styles = [(e, STYLES[e.style]) for e in entries]
-    opened = {e.path.rpartition(".")[0] for e, s in styles
-              if isinstance(s, Colwise) and not s.gather_output and e.param is None}
-    return opened & {e.path.rpartition(".")[0] for e, s in styles
-                     if isinstance(s, Rowwise) and not s.split_input}
+    """Where activations are sharded: for each column-parallel module whose output is not
+    gathered back, the nearest common ancestor with a row-parallel module that does not split
+    its input again (the deepest such ancestor: q/k/v pair with their attention's output
+    projection, also when it sits one level down as in NeoMME's ``output_projection.o_proj``;
+    not with the MLP's, whose common ancestor, the layer, is farther). olmo2's gathered q/k/v
+    feed whole-hidden norms, so they open no region."""
+    styles = [(e, STYLES[e.style]) for e in entries if e.param is None]
+    cols = [e.path for e, s in styles if isinstance(s, Colwise) and not s.gather_output]
+    rows = [e.path for e, s in styles if isinstance(s, Rowwise) and not s.split_input]
+    regions: Set[str] = set()
+    for col in cols:
+        commons = [_common(col, row) for row in rows]
+        best = max(commons, key=lambda c: c.count(".") if c else -1, default="")
+        if best and best != col:
+            regions.add(best)
+    return regions
 
 
 def region_params(sch: Schedule, entries: Sequence[PlanEntry]) -> List[str]:
