@@ -52,6 +52,7 @@ from .weights.checkpoint_io import load_checkpoint, save_checkpoint
 from .weights.delayed_init import init_empty_weights, materialize
 from .weights.hub_export import export_pretrained
 from .weights.hub_load import load_pretrained
+from .weights.training_state import TrainingState, load_training_state, save_training_state
 
 __version__ = "0.1.0"
 
@@ -62,7 +63,8 @@ __all__ = [
     "Primitive", "register_primitive", "list_primitives",
     "History", "HistoryEntry", "Deferred", "Subgraph", "call_module",
     "checkpoint", "init_empty_weights", "materialize", "save_checkpoint", "load_checkpoint",
-    "load_pretrained", "export_pretrained",
+    "load_pretrained", "export_pretrained", "save_training_state", "load_training_state",
+    "TrainingState",
     "set_random_seed", "get_rng_tracker", "is_random_seed_set", "teardown",
     "sharding", "check_layouts", "reduce_replicated_grads", "keep_freed_memory",
     "SlapoError", "PathError", "PrimitiveError", "RegistryError", "ReplaceError",
