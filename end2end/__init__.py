@@ -14,7 +14,9 @@ the bottom up:
 * :mod:`end2end.sweep`     sweeps of a config, command lines, processes, progress, locks,
   multi-node;
 * :mod:`end2end.report`    the docs' generated blocks from the committed results;
-* :mod:`end2end.multi_node` the old name of the Figure 8 launcher (``multi_node.launch``).
+* :mod:`end2end.multi_node` the old name of the Figure 8 launcher (``multi_node.launch``);
+* :mod:`end2end.reproduce` every figure and table in one command (``scripts/reproduce.sh``): runs
+  the documented commands (the study suites' too, as commands) and writes one page of results.
 
 The command names of earlier versions still work: ``python -m end2end.bench|plot|ab|profiling``
 and ``python -m end2end.multi_node.launch`` forward to their modules here. The study suites
