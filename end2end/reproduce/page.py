@@ -134,6 +134,20 @@ def _paper_args(steps: Sequence[Step], out: Path) -> Optional[Tuple[str, ...]]:
     return tuple(args) if "--cpu" in args else None
 
 
+def _paper_block(out: Path, args: Tuple[str, ...]) -> str:
+    """The ``paper`` block over this run's files, leaving out a file it cannot read (a step
+    that failed half-way) rather than the whole table; what was left out is said below it."""
+    kept, dropped = list(args[:3]), []
+    for flag, path in zip(args[3::2], args[4::2]):
+        trial = _block(out, out, tuple(kept + [flag, path]))
+        if trial.startswith("*Not available"):
+            dropped.append(f"`{path}` ({trial})")
+        else:
+            kept.extend([flag, path])
+    text = _block(out, out, tuple(kept))
+    return text + ("\n\nLeft out: " + "; ".join(dropped) if dropped else "")
+
+
 def write_index(out: Path, steps: Sequence[Step], outcomes: Dict[str, Outcome], plan_name: str,
                 command: str, seconds: float) -> Tuple[Path, Path]:
     """Write ``out/index.md`` and ``out/index.html``; returns their paths."""
@@ -147,7 +161,7 @@ def write_index(out: Path, steps: Sequence[Step], outcomes: Dict[str, Outcome], 
              PLAN_NOTE[plan_name], ""]
     paper = _paper_args(steps, out)
     if paper:
-        lines += ["## The paper's numbers beside this run's", "", _block(out, out, paper), ""]
+        lines += ["## The paper's numbers beside this run's", "", _paper_block(out, paper), ""]
     lines += ["## Steps", "", "| step | what | status | time |", "|---|---|---|---:|"]
     for step in steps:
         o = outcomes.get(step.name)
