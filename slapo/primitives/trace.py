@@ -198,9 +198,19 @@ class Trace(Primitive):
         inlines every non-leaf child (and modules with hooks stay leaves) into one graph; the
         children stay registered so paths and ``state_dict`` keys do not change.
 
-        The graph is valid for other batch/sequence sizes; control flow, ``self.training`` and
-        literal arguments are fixed at trace time (literal arguments are guarded). Tracing
-        does not change the global RNG state. Already traced: returns the GraphModule.
+        The graph is valid for other batch/sequence sizes. It is exact in training *and*
+        evaluation mode: the module is traced in both and arguments that differ (dropout
+        probabilities) read ``self.training`` on every call; where the operations differ
+        (``if self.training:`` in an inlined module) it runs only in the mode it was traced in
+        and refuses the other with one line (make that module a leaf to keep both). Whatever
+        else the Python code decided at trace time is guarded, and a call for which the
+        decision would differ raises one line: literal arguments, control flow on traced
+        values, numbers taken from them, grad mode / autocast / the default dtype, the dtype
+        and device of every traced value the code read (``x.dtype``), the config attributes
+        the code read (``config._attn_implementation``, ``output_attentions``) and module
+        flags such as ``gradient_checkpointing`` (see :mod:`slapo.trace.baked`). Reads inside
+        leaves follow their current value. Tracing does not change the global RNG state.
+        Already traced: returns the GraphModule.
 
         ``tracer="dynamo"`` traces with ``torch.export`` instead, for code the default
         (``"fx"``) cannot follow: one flat ATen graph, same parameter names and state_dict,

@@ -23,6 +23,10 @@ What that means for a schedule:
   cannot survive a flat graph, so tracing refuses them: trace first, then apply those.
 * Tensor inputs are exported with automatic dynamic shapes (other batch and sequence sizes
   work where the code allows); non-tensor inputs and control flow are fixed at trace time.
+* dtypes, devices, config flags and ``gradient_checkpointing``: ``torch.export`` fixes the
+  dtypes and devices of the inputs, parameters and buffers (casts, factory calls) and the
+  Python decisions on config attributes; a :class:`BakedInputs` pre-hook checks them on every
+  call and refuses a change with one line (:mod:`slapo.trace.baked`).
 * The module is exported in both modes (:mod:`slapo.trace.modes`): arguments that differ
   (``dropout_p`` of attention) read ``self.training`` on every call, so the graph is exact in
   both modes; where the operations differ (``aten.dropout`` only in training mode) the graph
@@ -31,6 +35,7 @@ What that means for a schedule:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import re
 from typing import Any, List, Optional
@@ -42,6 +47,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import TraceError
 from ..runtime.forward_wrap import forward_wrappers
+from .baked import BakedState, ConfigReads, module_flags
 from .modes import TracedModeError, merge_modes, other_mode, unchanged_buffers
 from .original import keep_original
 
@@ -136,10 +142,65 @@ class DroppedExtras:
         return args, {k: v for k, v in kwargs.items() if k not in self.names}
 
 
-def _export(mod: nn.Module, args: tuple, kwargs: dict, path: str) -> fx.GraphModule:
-    """``torch.export`` of ``mod`` in its current mode, as a GraphModule."""
+def _tensor_leaves(args: tuple, kwargs: dict) -> list:
+    """``(key path, tensor)`` of the tensors in a call's inputs, keywords in name order."""
+    flat, _ = pytree.tree_flatten_with_path((tuple(args), {k: kwargs[k] for k in sorted(kwargs)}))
+    return [(p, v) for p, v in flat if isinstance(v, torch.Tensor)]
+
+
+def _input_name(mod: nn.Module, key_path: tuple) -> str:
+    """``hidden_states`` / ``position_embeddings[0]`` for a key path of :func:`_tensor_leaves`."""
     try:
-        with torch.random.fork_rng(devices=[]), unchanged_buffers(mod):
+        names = [n for n in inspect.signature(mod.forward).parameters]
+    except (TypeError, ValueError):
+        names = []
+    head, rest = key_path[0].idx, key_path[2:]
+    key = key_path[1]
+    name = key.key if head == 1 else (names[key.idx] if key.idx < len(names) else f"#{key.idx}")
+    return str(name) + pytree.keystr(rest)
+
+
+class BakedInputs:
+    """Forward pre-hook of a dynamo graph: the dtypes and devices of its tensor inputs,
+    parameters and buffers, and the config attributes and module flags the model code read
+    (:class:`~slapo.trace.baked.BakedState`), are what they were when it was exported; the
+    graph fixed all of them."""
+
+    def __init__(self, mod: nn.Module, gm: nn.Module, args: tuple, kwargs: dict,
+                 state: BakedState, path: str):
+        self.inputs = [(_input_name(mod, p), t.dtype, t.device)
+                       for p, t in _tensor_leaves(args, kwargs)]
+        self.tensors = [(m, table, k, t.dtype, t.device) for m in gm.modules()
+                        for table in ("_parameters", "_buffers")
+                        for k, t in getattr(m, table).items() if t is not None]
+        self.state, self.path = state, path
+
+    def _refuse(self, what: str, dtype: Any, device: Any, t: torch.Tensor) -> None:
+        raise TraceError(
+            f"was exported with {what} of {dtype} on {device} but it is {t.dtype} on "
+            f"{t.device} now; the dynamo graph fixed dtypes and devices",
+            path=self.path, call="trace(tracer='dynamo')",
+            hint="trace with example inputs and weights of the dtype and device you run with "
+            "(model.to(...) before trace())")
+
+    def __call__(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.state.check(self.path)  # first: a config change also changes the inputs' dtypes
+        for (name, dtype, device), (_, t) in zip(self.inputs, _tensor_leaves(args, kwargs)):
+            if t.dtype != dtype or t.device != device:
+                self._refuse(f"input {name}", dtype, device, t)
+        for m, table, k, dtype, device in self.tensors:
+            t = getattr(m, table)[k]
+            if t.dtype != dtype or t.device != device:
+                self._refuse(f"tensor {k}", dtype, device, t)
+
+
+def _export(mod: nn.Module, args: tuple, kwargs: dict, path: str,
+            reads: Optional[ConfigReads] = None) -> fx.GraphModule:
+    """``torch.export`` of ``mod`` in its current mode, as a GraphModule (the config
+    attributes the model code reads recorded in ``reads``)."""
+    try:
+        with torch.random.fork_rng(devices=[]), unchanged_buffers(mod), \
+                (reads if reads is not None else contextlib.nullcontext()):
             program = torch.export.export(mod, args, kwargs,
                                           dynamic_shapes=_dynamic_shapes(mod, args, kwargs),
                                           strict=False)
@@ -180,13 +241,19 @@ def export_module(mod: nn.Module, inputs: Any, *, path: str = "") -> fx.GraphMod
             other: Optional[fx.Graph] = _export(mod, args, kwargs, path).graph
         except TraceError:  # not exportable in the other mode: the traced mode is guarded
             other = None
-    gm = _export(mod, args, kwargs, path)
+    reads = ConfigReads(mod)
+    gm = _export(mod, args, kwargs, path, reads)
     for name in ("train", "eval"):  # torch.export's module refuses both; the parent calls them
         gm.__dict__.pop(name, None)
     gm.training = mod.training
     if len(kwargs) < len(given):
         gm.register_forward_pre_hook(DroppedExtras(sorted(set(given) - set(kwargs)), path),
                                      with_kwargs=True, prepend=True)
+    # a flat graph: every module's code is inlined; the flags it read live on the graph module
+    flags = {f: ("", f, v) for _, f, v in module_flags(mod, list(mod.named_modules()))}
+    state = BakedState.of(reads, mod, list(flags.values()))
+    state.bind_root(gm)
+    gm.register_forward_pre_hook(BakedInputs(mod, gm, args, kwargs, state, path), with_kwargs=True)
     merged = merge_modes(gm.graph, other, mod.training, path, guard=False)
     if merged == "guarded":
         gm.register_forward_pre_hook(TracedMode(mod.training, path))

@@ -1,19 +1,25 @@
 """From a traced graph to the ``fx.GraphModule`` that takes the module's place: dead value
-reads dropped, the grad-mode / autocast guard added, and the module's children, tensors,
-plain attributes, hooks and forward wrappers carried over (same objects, same names)."""
+reads dropped, the grad-mode / autocast guard and the config / module-flag guard added, and the
+module's children, tensors, plain attributes, hooks and forward wrappers carried over (same
+objects, same names)."""
 
 from __future__ import annotations
 
+import contextlib
 import operator
+from typing import Callable, Iterator
 
 import torch.fx as fx
 from torch import nn
 
 from ..runtime.forward_wrap import copy_forward_wrappers, move_hooks
+from .baked import BakedState, ConfigReads, check_baked, module_flags
 from .guards import check_global_state
 from .original import keep_original
 
-__all__ = ["drop_dead_reads", "guard_global_state", "graph_module"]
+__all__ = ["drop_dead_reads", "guard_global_state", "guard_baked_state", "graph_module"]
+
+_BAKED = "_slapo_baked"  # the traced module's BakedState (a get_attr target)
 
 
 def guard_global_state(graph: fx.Graph, reads: list, path: str) -> None:
@@ -25,6 +31,45 @@ def guard_global_state(graph: fx.Graph, reads: list, path: str) -> None:
              else graph.inserting_before(next(iter(graph.nodes))))
     with where:
         graph.call_function(check_global_state, (tuple(reads), path))
+
+
+def _inlined(mod: nn.Module, graph: fx.Graph) -> list:
+    """``(path, module)`` of the modules whose code the graph inlined: all but the module
+    calls (leaves) and what is inside them."""
+    leaves = {n.target for n in graph.nodes if n.op == "call_module"}
+
+    def inside_leaf(path: str) -> bool:
+        while path:
+            if path in leaves:
+                return True
+            path = path.rpartition(".")[0]
+        return False
+
+    return [(p, m) for p, m in mod.named_modules() if not inside_leaf(p)]
+
+
+@contextlib.contextmanager
+def guard_baked_state(mod: nn.Module, graph: fx.Graph, reads: ConfigReads, path: str
+                      ) -> Iterator[Callable[[nn.Module], None]]:
+    """A :func:`~slapo.trace.baked.check_baked` guard after the placeholders for the config
+    attributes and module flags the trace fixed; inside the block ``mod`` holds the state
+    for :func:`graph_module` to copy, and the yielded function binds it to the graph module."""
+    state = BakedState.of(reads, mod, module_flags(mod, _inlined(mod, graph)))
+    if not state:
+        yield lambda gm: None
+        return
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    where = (graph.inserting_after(placeholders[-1]) if placeholders
+             else graph.inserting_before(next(iter(graph.nodes))))
+    with where:
+        holder = graph.create_node("get_attr", _BAKED)  # create_node: not a tensor, no warning
+    with graph.inserting_after(holder):
+        graph.call_function(check_baked, (holder, path))
+    mod.__dict__[_BAKED] = state
+    try:
+        yield state.bind_root
+    finally:
+        mod.__dict__.pop(_BAKED, None)
 
 
 _PURE_FUNCS = {getattr, operator.getitem, operator.gt, operator.lt, operator.ge, operator.le,

@@ -14,8 +14,9 @@ path raises :class:`~slapo.errors.TraceError` instead of silently computing some
   cost in eager mode: a device synchronisation.)
 * :func:`check_number`: a traced value turned into a Python number (``len(x)``, ``int(n)``,
   ``__index__``): a batch or sequence size fixed in the graph is checked on every call;
-* :func:`check_global_state`: grad mode, inference mode and autocast as the model code read
-  them while tracing (``torch.is_autocast_enabled()`` in GPT-Neo's attention).
+* :func:`check_global_state`: grad mode, inference mode, autocast and the default dtype as the
+  model code read them while tracing (``torch.is_autocast_enabled()`` in GPT-Neo's attention);
+* dtypes, devices and config flags: :mod:`slapo.trace.baked`.
 """
 
 from __future__ import annotations
@@ -83,13 +84,14 @@ def check_number(value: Any, expected: Any, site: str, of_len: bool = False) -> 
 
 
 _GLOBAL_STATE = ("is_grad_enabled", "is_inference_mode_enabled", "is_autocast_enabled",
-                 "get_autocast_dtype", "get_autocast_gpu_dtype")
+                 "get_autocast_dtype", "get_autocast_gpu_dtype", "get_default_dtype")
 
 
 class record_global_reads:  # a context manager used like a function
-    """Inside the block, calls of ``torch.is_grad_enabled``, ``torch.is_inference_mode_enabled``
-    and the autocast queries *from model code* (not torch's or slapo's own) are appended to
-    ``sink`` as ``(name, args, value)``: the traced graph fixes what they answered."""
+    """Inside the block, calls of ``torch.is_grad_enabled``, ``torch.is_inference_mode_enabled``,
+    ``torch.get_default_dtype`` and the autocast queries *from model code* (not torch's or
+    slapo's own) are appended to ``sink`` as ``(name, args, value)``: the traced graph fixes
+    what they answered."""
 
     def __init__(self, sink: list):
         self.sink = sink
@@ -120,8 +122,8 @@ class record_global_reads:  # a context manager used like a function
 
 @has_side_effect
 def check_global_state(reads: Tuple[Tuple[str, tuple, Any], ...], path: str) -> None:
-    """Guard for grad mode, inference mode and autocast as the model code read them when the
-    module was traced (:class:`record_global_reads`)."""
+    """Guard for grad mode, inference mode, autocast and the default dtype as the model code
+    read them when the module was traced (:class:`record_global_reads`)."""
     for name, args, value in reads:
         now = getattr(torch, name)(*args)
         if now != value:
@@ -129,8 +131,8 @@ def check_global_state(reads: Tuple[Tuple[str, tuple, Any], ...], path: str) -> 
             raise TraceError(
                 f"'{path or '<root>'}' read {call} = {value!r} when it was traced but it is "
                 f"{now!r} now; the traced graph fixed the answer",
-                hint="trace under the grad mode / autocast you run in, or make the module that "
-                "reads it a leaf (trace(leaves=[...]))")
+                hint="trace under the grad mode / autocast / default dtype you run in, or make "
+                "the module that reads it a leaf (trace(leaves=[...]))")
 
 
 _TRACE_PACKAGE = os.path.dirname(os.path.abspath(__file__)).replace("\\", "/") + "/"

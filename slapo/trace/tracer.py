@@ -48,7 +48,8 @@ from torch.fx.proxy import Attribute
 
 from ..errors import TraceError
 from ..runtime.forward_wrap import forward_wrappers
-from .graph_module import drop_dead_reads, graph_module, guard_global_state
+from .baked import GUARDED_TENSOR_ATTRS, ConfigReads, check_tensor_attr
+from .graph_module import drop_dead_reads, graph_module, guard_baked_state, guard_global_state
 from .guards import (check_branch, check_kwargs, check_number, check_specialized,
                      model_source_site, record_global_reads)
 from .leaf_calls import leaf_callables
@@ -60,9 +61,9 @@ __all__ = ["ValueTracer", "trace_module", "Inputs", "is_builtin_leaf"]
 
 Inputs = Tuple[Tuple[Any, ...], Dict[str, Any]]
 
-# Attributes of a tensor value that are specialised to constants (never shapes).
-_CONST_ATTRS = {"dtype", "device", "ndim", "is_cuda", "is_sparse", "is_quantized", "layout",
-                "is_meta"}
+# Attributes of a tensor value that are specialised to constants, each read guarded (never
+# shapes): slapo.trace.baked.
+_CONST_ATTRS = frozenset(GUARDED_TENSOR_ATTRS)
 _LITERALS = (type(None), bool, int, float, str)
 
 
@@ -102,8 +103,10 @@ class ValueProxy(fx.Proxy):
         return self.node.meta["val"]
 
     def __getattr__(self, k: str) -> Any:
-        if k in _CONST_ATTRS:
-            return getattr(self.value, k)
+        if k in _CONST_ATTRS:  # a real dtype / device: fixed in the graph, guarded
+            value = getattr(self.value, k)
+            self.tracer.guard_attr(self, k, value)
+            return value
         return ValueAttribute(self, k)
 
     def __iter__(self):
@@ -172,6 +175,18 @@ class ValueTracer(fx.Tracer):
         self.child_inputs: Dict[str, Inputs] = {}  # leaf path -> inputs of its first call
         self._ph_vals: Dict[str, Any] = {}
         self.global_reads: List[Tuple[str, tuple, Any]] = []  # grad mode, autocast queries
+        self.config_reads = ConfigReads(root)  # config flags the model code reads
+        self.path = ""
+        self._guarded: set = set()  # (node, attribute) pairs with a check_tensor_attr guard
+
+    def guard_attr(self, proxy: fx.Proxy, attr: str, value: Any) -> None:
+        """One :func:`~slapo.trace.baked.check_tensor_attr` guard per value and attribute."""
+        key = (proxy.node, attr)
+        if key not in self._guarded:
+            self._guarded.add(key)
+            self.create_proxy("call_function", check_tensor_attr,
+                              (proxy, attr, value, proxy.node.name, model_source_site(),
+                               self.path), {})
 
     # ------------------------------------------------------------------ fx hooks
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -228,7 +243,8 @@ class ValueTracer(fx.Tracer):
             return obj
         args = map_arg(node.args, self._value_of)
         kwargs = map_arg(node.kwargs, self._value_of)
-        with _maybe_revert_all_patches():
+        # what runs here runs again on every call (leaves read their config then): not recorded
+        with _maybe_revert_all_patches(), self.config_reads.pause():
             if node.op == "call_function":
                 return node.target(*args, **kwargs)
             if node.op == "call_method":
@@ -354,12 +370,15 @@ def trace_module(
     def trace_once() -> fx.Graph:
         # a fresh copy of stateful inputs (a KV cache grows when the forward runs) per trace
         tracers.append(ValueTracer(mod, (_detach(inputs[0]), _detach(inputs[1])), is_leaf))
+        tracers[-1].path = path
         return _trace_graph(tracers[-1], mod, path)
 
     other, graph = trace_in_both_modes(mod, trace_once)
     merge_modes(graph, other, mod.training, path)
     guard_global_state(graph, tracers[-1].global_reads, path)
-    gm = graph_module(mod, graph)
+    with guard_baked_state(mod, graph, tracers[-1].config_reads, path) as bind:
+        gm = graph_module(mod, graph)
+        bind(gm)
     return gm, tracers[-1].child_inputs
 
 
@@ -369,7 +388,7 @@ def _trace_graph(tracer: "ValueTracer", mod: nn.Module, path: str) -> fx.Graph:
     try:
         with torch.random.fork_rng(devices=[]), unchanged_buffers(mod), meta_stand_ins(mod), \
                 isinstance_sees_values(ValueProxy), leaf_callables(mod), \
-                record_global_reads(tracer.global_reads):
+                record_global_reads(tracer.global_reads), tracer.config_reads:
             graph = tracer.trace(mod)
     except TraceError as e:
         e.path = path
