@@ -103,3 +103,56 @@ def test_tp2_resume_after_stop_is_bit_exact_and_restores_at_tp1(tmp_path):
     for n, p in model.named_parameters():
         assert torch.equal(p.detach(), want[n]), n
         assert torch.equal(opt.state[p]["exp_avg_sq"], want[n + "#exp_avg_sq"]), n
+
+
+# ----------------------------------------------------------------- one process: old format, refusals
+def gpt2(seed):
+    return tiny_model("gpt2", seed=seed)
+
+
+def test_old_checkpoint_converts_with_one_command(tmp_path):
+    import subprocess
+    import sys
+
+    src = gpt2(seed=1)
+    slapo.save_checkpoint(src, str(tmp_path / "old"))
+    cmd = [sys.executable, "-m", "slapo.weights.convert", str(tmp_path / "old"),
+           str(tmp_path / "new"), "--step", "7"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    assert done.returncode == 0, done.stderr
+    dst = gpt2(seed=2)
+    state = slapo.load_training_state(str(tmp_path / "new"), dst)
+    assert state.step == 7
+    for n, t in src.state_dict().items():
+        assert torch.equal(dst.state_dict()[n], t), n
+    assert dst.lm_head.weight is dst.transformer.wte.weight
+    bad = subprocess.run([sys.executable, "-m", "slapo.weights.convert", str(tmp_path / "nope"),
+                          str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "no readable manifest.json" in bad.stderr
+
+
+def test_refused_states_change_nothing(tmp_path):
+    model = gpt2(seed=1)
+    opt = torch.optim.AdamW(model.parameters())
+    model(**example_inputs("gpt2")).loss.backward()
+    opt.step()
+    slapo.save_training_state(str(tmp_path / "s"), model, opt, step=1)
+
+    def refused(match, directory, dst, optimizer=None):
+        before = weights(dst)
+        with pytest.raises(slapo.CheckpointIOError, match=match) as info:
+            slapo.load_training_state(directory, dst, optimizer)
+        assert "\n" not in str(info.value)
+        assert all(torch.equal(t, before[n]) for n, t in weights(dst).items())
+
+    refused("is not a readable DCP checkpoint", str(tmp_path / "none"), gpt2(seed=2))
+    refused(r"'transformer.wte.weight' has global shape \[256, 32\] but \[128, 32\]",
+            str(tmp_path / "s"), tiny_model("gpt2", vocab_size=256))
+    refused("holds optimizer state but no optimizer was given", str(tmp_path / "s"), gpt2(2))
+    other = gpt2(seed=2)
+    two_groups = torch.optim.AdamW([{"params": [other.lm_head.weight]},
+                                    {"params": [p for n, p in other.named_parameters()
+                                                if "wte" not in n]}])
+    refused("the optimizer has 2 param groups but 1 were saved", str(tmp_path / "s"), other,
+            two_groups)
