@@ -105,7 +105,7 @@ def test_tp2_resume_after_stop_is_bit_exact_and_restores_at_tp1(tmp_path):
         assert torch.equal(opt.state[p]["exp_avg_sq"], want[n + "#exp_avg_sq"]), n
 
 
-# ----------------------------------------------------------------- one process: old format, refusals
+# ------------------------------------------------ one process: old format, refusals
 def gpt2(seed):
     return tiny_model("gpt2", seed=seed)
 
