@@ -186,6 +186,9 @@ def _family_fixes(model_type: str, defaults: Dict[str, Any]) -> Dict[str, Any]:
         # RoPE per layer type with none given (cohere_compass_text's default config)
         fixes["rope_parameters"] = {t: {"rope_type": "default", "rope_theta": 10000.0}
                                     for t in set(defaults["layer_types"])}
+    if isinstance(layers, int):  # per-layer settings keyed by layer index
+        fixes.update({k: v for k, v in _cut_layer_dicts(
+            defaults, _TINY_PLAN_SIZES["num_hidden_layers"]).items()})
     if model_type == "lfm2_moe":  # no layer_types by default, and the model indexes them
         fixes["layer_types"] = ["conv", "full_attention"]
     if "rope_scaling" in defaults and defaults.get("rope_scaling"):
@@ -248,8 +251,24 @@ def _tiny_sub_configs(cls) -> Dict[str, Any]:
         if isinstance(layers, int) and new_layers:  # per-layer lists (layer_types ...) cut too
             tiny.update({k: v[:new_layers] for k, v in defaults.items()
                          if isinstance(v, list) and len(v) == layers and k not in tiny})
+            tiny.update(_cut_layer_dicts(defaults, new_layers))
+        rope = defaults.get("rope_parameters")
+        types = tiny.get("layer_types", defaults.get("layer_types"))
+        if rope == {} and types:  # RoPE per layer type with none given (as _family_fixes)
+            tiny["rope_parameters"] = {t: {"rope_type": "default", "rope_theta": 10000.0}
+                                       for t in set(types)}
         subs[name] = {**defaults, **tiny, **_tiny_mrope(sub, defaults, tiny)}
     return subs
+
+
+def _cut_layer_dicts(defaults: Dict[str, Any], layers: int) -> Dict[str, Any]:
+    """Per-layer settings keyed by layer index (``per_layer_config``) cut to ``layers``."""
+    out = {}
+    for key, value in defaults.items():
+        if isinstance(value, dict) and value and all(
+                isinstance(k, int) or (isinstance(k, str) and k.isdigit()) for k in value):
+            out[key] = {k: v for k, v in value.items() if int(k) < layers}
+    return out
 
 
 def _tiny_mrope(cls, defaults: Dict[str, Any], tiny: Dict[str, Any]) -> Dict[str, Any]:
