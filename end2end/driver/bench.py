@@ -5,7 +5,7 @@
         --results FILE [--steps 40] [--warmup 5] [--dtype fp32|fp16|bf16] \\
         [--tp T] [--pp P] [--micro-batch-size M] [--device cpu|cuda] \\
         [--peak-tflops X] [--gemm-seconds 0.5] [--knob NAME=VALUE ...] [--repeat R] \\
-        [--mem-budget-gb X]
+        [--mem-budget-gb X] [--save-every N [--save-dir DIR]] [--resume DIR]
 
 (``end2end.sweep`` and ``end2end.sweep.commands`` build this command line from a config line; a
 plain ``python -m end2end.bench ...`` is a one-rank run.) Every mode goes through the same code:
@@ -46,6 +46,10 @@ Batches: a data-parallel rank trains on ``B / DP`` samples, tensor-parallel rank
 batch (DP = n for ``deepspeed``/``slapo-deepspeed``/``eager``/``fsdp``/``slapo-fsdp``, TP = n for
 the others, see ``RunSpec.parallel_sizes``); the batch is synthetic (``make_inputs``) and reused
 every step.
+
+Stop and resume (:mod:`end2end.driver.resume`): ``--save-every N`` writes the training state
+(DCP) after every N-th step, ``--resume DIR`` continues a run from one: the remaining steps give
+the uninterrupted run's losses, and the row's ``extra.resumed`` says where it resumed from.
 
 Pipelines (``--pp P`` > 1; :mod:`end2end.driver.pipeline_plan`): ``slapo`` (torch pipeline dialect)
 and ``slapo-deepspeed`` (DeepSpeed ``PipelineModule``) cut the model's layers into ``P`` even stages
@@ -130,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-keep-freed-memory", dest="keep_freed_memory", action="store_false",
                    help="CPU: leave glibc's malloc thresholds alone (default: "
                    "slapo.keep_freed_memory(), the same for every mode)")
+    from end2end.driver.resume import add_arguments
+
+    add_arguments(p)  # --save-every N, --save-dir DIR, --resume DIR
     return p
 
 
@@ -252,23 +259,29 @@ def _train(runner, batch, spec, args: argparse.Namespace, memory, env,
 
     from end2end.driver.measure import (StepTimer, all_reduce_float, check_memory_budget,
                                         local_parameters, maybe_inject_fault)
+    from end2end.driver.resume import Checkpointer
 
     params = all_reduce_float(local_parameters(runner.model), "max")
+    states = Checkpointer(args)
+    done = states.restore(runner, extra)  # steps a resumed run already has
     memory.start()
     maybe_inject_fault(env.rank)
     losses, warmup_times = [], []
-    for _ in range(spec.warmup):
+    for i in range(done, spec.warmup):
         began = time.perf_counter()
         losses.append(runner.train_step(batch))
         warmup_times.append(round(time.perf_counter() - began, 5))
+        states.after_step(runner, i + 1, extra)
     if args.mem_budget_gb is not None and spec.warmup:  # fail fast: skip the timed steps
         check_memory_budget(all_reduce_float(memory.peak_bytes(), "max"), args.mem_budget_gb,
                             "in warm-up")
     timer = StepTimer(env.device)
     timer.start()
-    for _ in range(spec.steps):
+    timed_steps = range(max(done - spec.warmup, 0), spec.steps)
+    for i in timed_steps:
         losses.append(runner.train_step(batch))
         timer.lap()
+        states.after_step(runner, spec.warmup + i + 1, extra)  # (counted in the next lap)
     elapsed = timer.stop()
     if args.profile:
         import functools
@@ -286,7 +299,7 @@ def _train(runner, batch, spec, args: argparse.Namespace, memory, env,
                  threads=torch.get_num_threads())
     if not all(map(lambda x: x == x and abs(x) != float("inf"), losses)):
         raise FloatingPointError(f"non-finite loss: {losses}")
-    return dict(elapsed=elapsed, params=params, mem=mem)
+    return dict(elapsed=elapsed, params=params, mem=mem, steps=len(timed_steps))
 
 
 def _metrics(spec, layout, timed: Dict[str, Any], peak: float,
@@ -294,8 +307,8 @@ def _metrics(spec, layout, timed: Dict[str, Any], peak: float,
     """The row's metric fields from the timed window (and the batch layout in ``extra``)."""
     from end2end.models.flops import mfu, tflops_per_rank, train_flops_per_sample
 
-    elapsed = timed["elapsed"]
-    thrpt = spec.batch_size * spec.steps / elapsed
+    elapsed, steps = timed["elapsed"], timed.get("steps", spec.steps)  # fewer when resumed
+    thrpt = spec.batch_size * steps / elapsed
     flops = train_flops_per_sample(spec.model, spec.seq_len, spec.dec_seq_len)
     record = layout.as_record()
     extra.update(train_flops_per_sample=flops, local_batch=record["local_batch"],
@@ -303,7 +316,7 @@ def _metrics(spec, layout, timed: Dict[str, Any], peak: float,
     return dict(thrpt=thrpt, per_gpu_param=timed["params"] / 1e6,
                 per_gpu_mem=timed["mem"] / 1e9,
                 per_gpu_tflops=tflops_per_rank(thrpt, flops, spec.n),
-                mfu=mfu(thrpt, flops, spec.n, peak), step_time=elapsed / spec.steps,
+                mfu=mfu(thrpt, flops, spec.n, peak), step_time=elapsed / steps,
                 peak_tflops=peak / 1e12)
 
 
