@@ -160,9 +160,9 @@ def schedule_auto(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
     P.check_plan(sch, entries, cfg, mode, expert_parallel=expert_parallel)
     attentions = attentions_to_replace(sch, cfg, entries)  # kv heads: check_plan's
     rest = [e for e in entries if e.path.rpartition(".")[0] not in attentions]
-    embeddings, head = A.vocab_modules(sch, rest)
+    embeddings, head, keep_whole = A.vocab_modules(sch, rest)
     loss = A.head_loss(sch) if head is not None else "gather"
-    rest = [e for e in rest if e.path not in (*embeddings, head)]
+    rest = [e for e in rest if e.path not in (*embeddings, head, *keep_whole)]
     if mode.sp:
         A.check_sequence_parallel(sch, layers, [e for e in entries if e.path not in (
             *embeddings, head)], final_norm)

@@ -50,11 +50,13 @@ def _tied(sch: Schedule, weight: Optional[nn.Parameter]) -> List[str]:
 
 
 def vocab_modules(sch: Schedule, entries: Sequence[P.PlanEntry]
-                  ) -> Tuple[List[str], Optional[str]]:
-    """``(embeddings, head)``: the embeddings that become vocab-parallel (the input embedding
-    and every embedding tied to it or to the head; empty when one of them is not a plain
-    ``nn.Embedding`` or the plan keeps it whole) and the LM head (``None``: absent, not a plain
-    Linear, kept whole by the plan, or tied to an embedding that stays whole)."""
+                  ) -> Tuple[List[str], Optional[str], List[str]]:
+    """``(embeddings, head, whole)``: the embeddings that become vocab-parallel (the input
+    embedding and every embedding tied to it or to the head; empty when one of them is not a
+    plain ``nn.Embedding`` or the plan keeps it whole), the LM head (``None``: absent, not a
+    plain Linear, kept whole by the plan, or tied to an embedding that stays whole) and the
+    modules whose plan entries must be dropped to keep them whole (a head tied to an
+    embedding that stays whole: sharding its weight would shard the embedding's)."""
     model = sch.mod
     get_in = getattr(model, "get_input_embeddings", None)
     get_out = getattr(model, "get_output_embeddings", None)
@@ -68,10 +70,13 @@ def vocab_modules(sch: Schedule, entries: Sequence[P.PlanEntry]
     embs = list(dict.fromkeys([*emb_paths, *tied_to_head]))
     if any(p in whole or not P.plain_embedding(sch[p].mod) for p in embs):
         embs = []  # an embedding the plan keeps whole (or one that is not plain) stays whole
-    if head is not None and (head in whole or not P.plain_linear(head_mod)
-                             or (tied_to_head and not set(tied_to_head) <= set(embs))):
+    keep: List[str] = []
+    if head is not None and tied_to_head and not set(tied_to_head) <= set(embs):
+        keep = [head]
         head = None
-    return embs, head
+    if head is not None and (head in whole or not P.plain_linear(head_mod)):
+        head = None
+    return embs, head, keep
 
 
 def _forward_source(mod: nn.Module) -> Optional[ast.FunctionDef]:

@@ -141,3 +141,26 @@ def test_loss_follows_the_head_tp2():
     kinds = run_distributed(_loss_kinds, 2, timeout=300)[0]
     assert kinds == {"llama": "causal", "eurobert:masked": "masked",
                      "t5gemma:seq2seq": "masked", "gemma2:seqcls": "model"}
+
+
+def _tied_head_stays_whole_with_its_embedding():
+    warnings.filterwarnings("ignore")
+    from tests.model_schedule.helpers import compare_training
+
+    ref = tiny_plan_model("llama", tie_word_embeddings=True)
+    plan = dict(type(ref.config).base_model_tp_plan)
+    ref.config.base_model_tp_plan = {**plan, "embed_tokens": "replicate"}
+    model = copy.deepcopy(ref)
+    sch = apply_schedule(model, "auto")
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.weight.shape == ref.lm_head.weight.shape  # whole, with its embedding
+    compare_training(ref, model, plan_inputs())
+    return sch.metadata["auto_loss"]
+
+
+def test_head_tied_to_a_whole_embedding_stays_whole_tp2():
+    """The plan keeps the embedding whole ('replicate') and the head is tied to it: the head's
+    own plan entry ('lm_head: colwise_gather_output') would shard the embedding's weight too
+    and leave its lookups partial, so the head stays whole with it."""
+    assert run_distributed(_tied_head_stays_whole_with_its_embedding, 2,
+                           timeout=300) == ["model", "model"]
