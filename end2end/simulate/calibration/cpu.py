@@ -234,10 +234,10 @@ def cpu_profile(cache: Optional[str] = None, recalibrate: bool = False):
         path.parent.mkdir(parents=True, exist_ok=True)
         data = measure_cpu()
         path.write_text(json.dumps(data, indent=1) + "\n")
-        after = verdict(data["load"])
+        after = verdict(data.get("load") or {})
         if after and not busy:
             _warn(f"the calibration in {path} was measured under load "
-                  f"({describe_load(data['load'])})")
+                  f"({describe_load(data.get('load'))})")
     return profile_from_file(path)
 
 

@@ -14,7 +14,8 @@ that a pipeline stage packs into a tensor): the values are meaningless, the shap
 Memory: the recorder keeps the bytes of every storage an op creates while it lives (a weak
 reference per storage, freed when Python frees it) and their peak over the step and within each
 phase (:attr:`StepRecorder.phase_peak`: the optimizer's temporaries apart from the
-activations); the caller adds
+activations; what follows the optimizer's step, its new states alive, is ``after``); the
+caller adds
 what was resident before (parameters, buffers). ``MemTracker`` of ``torch.distributed._tools``
 does the same with categories, but scans all live tensors on every op (quadratic: a minute per
 step of a 2.7B model), so it is not used. Like it, the recorder follows storage resizes (FSDP2
@@ -104,6 +105,7 @@ class StepRecorder(TorchDispatchMode):
         self.live = 0  # bytes of storages created in the step and still alive
         self.peak = 0
         self.phase_peak: Dict[str, int] = {}  # the peak of ``live`` within each phase
+        self.stepped = False  # the optimizer has stepped: later bytes count as ``after``
         self._seen: Dict[int, int] = {}
         # storages the step used but did not create (key -> bytes): parameters, the batch,
         # and what a runtime allocated before the step outside the model's state (DDP's
@@ -193,6 +195,8 @@ class StepRecorder(TorchDispatchMode):
         if self.live > self.peak:
             self.peak = self.live
         phase = self.current_phase()
+        if self.stepped and phase == "forward":  # after the optimizer's step, not a forward
+            phase = "after"
         if self.live > self.phase_peak.get(phase, -1):
             self.phase_peak[phase] = self.live
 

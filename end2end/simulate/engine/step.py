@@ -142,16 +142,16 @@ def steady_memory(base: int, phase_peak: Dict[str, int], before: Dict[str, int],
     The first step creates the optimizer's states (AdamW's moments) in its optimizer phase; every
     later step starts with them, so they are added to the forward/backward peak, and the
     optimizer phase's own peak (states, gradients and the optimizer's temporaries, counted once)
-    is the other candidate. ``activation`` is what the forward/backward peak holds beyond the
-    states after the step. Without an optimizer phase (an optimizer that calls no step hooks),
-    the step's overall peak, as recorded."""
+    is the other candidate (and what follows the step, ``after``). ``activation`` is what the
+    forward/backward peak holds beyond the states after the step. Without an optimizer phase
+    (an optimizer that calls no step hooks), the step's overall peak, as recorded."""
     compute = max(phase_peak.get("forward", 0), phase_peak.get("backward", 0))
     states = sum(after.values())
     if "optimizer" not in phase_peak:
         peak = base + max(phase_peak.values(), default=0)
         return dict(peak=peak, activation=max(0, peak - states))
     created = max(0, after["optstate"] - before["optstate"])
-    peak = base + max(compute + created, phase_peak["optimizer"])
+    peak = base + max(compute + created, phase_peak["optimizer"], phase_peak.get("after", 0))
     return dict(peak=peak, activation=max(0, base + compute + created - states),
                 optimizer_peak=base + phase_peak["optimizer"])
 
@@ -209,6 +209,7 @@ def _optimizer_phase(recorder: StepRecorder) -> List[Any]:
 
     def post(*_):
         recorder.phase = "forward"
+        recorder.stepped = True
 
     return [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
 

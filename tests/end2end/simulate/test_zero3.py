@@ -30,6 +30,36 @@ def test_steady_state_peak_holds_the_moments_through_forward_and_backward():
     assert mem["peak"] == 100 + 900 and mem["activation"] == 20
     small = steady_memory(100, dict(forward=50, backward=110, optimizer=900), before, after)
     assert small["activation"] == 10  # follows the backward, not the optimizer (900 both)
+    # what follows the optimizer's step (the moments alive, the loss read back) is no forward
+    late = steady_memory(100, dict(forward=50, backward=110, optimizer=300, after=350),
+                         before, after)
+    assert late["activation"] == 10 and late["peak"] == 100 + 350
+
+
+def test_bytes_after_the_optimizer_step_are_not_the_forwards():
+    """Found on GPT-10B (ZeRO-3, 64 V100s): the moments created in the step stayed alive when the
+    post-step hook set the phase back to forward, and became a 39.5 GB "activation"."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from end2end.simulate.engine.recorder import StepRecorder
+    from end2end.simulate.engine.step import _optimizer_phase
+
+    with FakeTensorMode():
+        w = torch.nn.Parameter(torch.randn(512, 512))
+        opt = torch.optim.AdamW([w])
+        rec = StepRecorder()
+        hooks = _optimizer_phase(rec)
+        try:
+            with rec:
+                (w * 2).sum().backward()
+                opt.step()
+                (w.detach() + 1).sum()
+        finally:
+            for h in hooks:
+                h.remove()
+    moments = 2 * 512 * 512 * 4
+    assert rec.phase_peak["after"] >= moments
+    assert max(rec.phase_peak["forward"], rec.phase_peak["backward"]) < moments
 
 
 def test_gpu_profiles_count_multi_tensor_adamws_temporary_once():
