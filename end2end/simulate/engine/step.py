@@ -163,10 +163,15 @@ def multi_tensor_optimizer(optimizer) -> bool:
     it would pick the per-parameter loop. Its temporaries then count as on the GPU: AdamW's
     ``sqrt`` of the second moments is one tensor list over all parameters at once. True if it
     was switched."""
+    from torch.distributed.tensor import DTensor
+
     groups = getattr(optimizer, "param_groups", None)
     if not isinstance(optimizer, torch.optim.Optimizer) or not groups or \
             "foreach" not in optimizer.defaults or optimizer.defaults.get("foreach") is not None:
         return False
+    kinds = {isinstance(p, DTensor) for g in groups for p in g["params"]}
+    if len(kinds) > 1:  # DTensor and plain parameters mixed (a TP plan's replicated ones):
+        return False    # one foreach call cannot take both
     for group in groups:
         if group.get("foreach") is None and not group.get("fused") \
                 and not group.get("differentiable"):
