@@ -272,21 +272,31 @@ def _cut_layer_dicts(defaults: Dict[str, Any], layers: int) -> Dict[str, Any]:
 
 
 def _tiny_mrope(cls, defaults: Dict[str, Any], tiny: Dict[str, Any]) -> Dict[str, Any]:
-    """Multimodal RoPE sections (Qwen2-VL style, ``[16, 24, 24]`` by default in the model code,
-    summing to half the published head size) scaled to the tiny head size."""
+    """Multimodal RoPE sections (Qwen2-VL / GLM-4V style, ``[16, 24, 24]`` or ``[8, 12, 12]`` by
+    default in the model code, summing to half the rotary size) scaled to the tiny rotary size
+    (``qk_rope_head_dim`` where the model has one, else the head size times
+    ``partial_rotary_factor``); and the text size a composite's other towers project to
+    (``text_hidden_size``, ``out_hidden_size``) set to the tiny hidden size."""
+    out: Dict[str, Any] = {k: _TINY_PLAN_SIZES["hidden_size"] for k in
+                           ("text_hidden_size", "out_hidden_size") if k in defaults}
     rope = defaults.get("rope_parameters")
     mtype = str(getattr(cls, "model_type", ""))
-    if not isinstance(rope, dict) or ("mrope_section" not in rope and "vl" not in mtype):
-        return {}
+    if not isinstance(rope, dict) or ("mrope_section" not in rope and not any(
+            t in mtype for t in ("vl", "glm4v", "glm_ocr", "omni"))):
+        return out
     heads = tiny.get("num_attention_heads", defaults.get("num_attention_heads"))
     hidden = tiny.get("hidden_size", defaults.get("hidden_size"))
     if not (isinstance(heads, int) and isinstance(hidden, int) and heads):
-        return {}
-    half = hidden // heads // 2
+        return out
+    rotary = tiny.get("qk_rope_head_dim") or int(
+        hidden // heads * float(rope.get("partial_rotary_factor",
+                                         defaults.get("partial_rotary_factor", 1.0)) or 1.0))
+    half = rotary // 2
     section = list(rope.get("mrope_section") or [16, 24, 24])
     scaled = [max(1, s * half // sum(section)) for s in section]
     scaled[0] += half - sum(scaled)
-    return {"rope_parameters": {**rope, "mrope_section": scaled}}
+    out["rope_parameters"] = {**rope, "mrope_section": scaled}
+    return out
 
 
 PLAN_HEADS = {
