@@ -93,13 +93,16 @@ def snapshot() -> Snapshot:
     t = os.times()
     ours = t.user + t.system + t.children_user + t.children_system
     try:
-        busy, steal, total = _cpu_counters((PROC / "stat").read_text())
+        stat = (PROC / "stat").read_text()
+        busy, steal, total = _cpu_counters(stat)
+        # the cores /proc/stat counts (in a container: maybe more than ours to use)
+        cores = sum(1 for line in stat.splitlines() if line[:3] == "cpu" and line[3:4].isdigit())
         load = float((PROC / "loadavg").read_text().split()[0])
         procs = _processes(os.getpid())
     except (OSError, ValueError, IndexError):
         busy = steal = total = load = 0.0
-        procs = {}
-    return Snapshot(time.monotonic(), busy, steal, total, load, ours, procs, os.cpu_count() or 1)
+        procs, cores = {}, os.cpu_count() or 1
+    return Snapshot(time.monotonic(), busy, steal, total, load, ours, procs, max(cores, 1))
 
 
 @dataclass(frozen=True)
@@ -149,8 +152,8 @@ def judge(before: Snapshot, after: Snapshot) -> Verdict:
     wall = max(after.wall - before.wall, 1e-6)
     cores = max(after.cores, 1)
     others_cpu = (after.busy - before.busy) - (after.ours - before.ours)
-    others = min(max(others_cpu / (wall * cores), 0.0), 1.0)
-    total = after.total - before.total
+    total = after.total - before.total  # all CPU time of the interval, idle and steal included
+    others = min(max(others_cpu / (total if total > 0 else wall * cores), 0.0), 1.0)
     steal = (after.steal - before.steal) / total if total > 0 else 0.0
     busy = []
     for key, (name, cpu) in after.procs.items():
