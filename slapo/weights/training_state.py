@@ -288,8 +288,8 @@ def _optimizer_slots(model: nn.Module, optimizer: torch.optim.Optimizer, keys: L
         if not isinstance(entry, TensorStorageMetadata):  # a Python value, loaded as is
             out[key] = (mt.tensor, k, None, b"")
         elif tuple(entry.size) == tuple(mt.global_shape) and len(entry.size) > 0:
-            holder = torch.zeros(mt.tensor.shape, dtype=entry.properties.dtype,
-                                 device=mt.tensor.device)
+            # zeros_like: this rank's part (a DTensor for an FSDP2 parameter)
+            holder = torch.zeros_like(mt.tensor.detach(), dtype=entry.properties.dtype)
             out[key] = (mt.tensor, k, holder, _describe(holder, mt.spec))
         else:  # e.g. Adam's step count: replicated
             holder = torch.zeros(tuple(entry.size), dtype=entry.properties.dtype)
