@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", default=None, metavar="A,B",
                    help=f"run only these steps (of: {', '.join(step_names())}); the page "
                         "still shows every step")
+    p.add_argument("--require-quiet", action="store_true",
+                   help="every sweep waits for a quiet machine before each run, or stops the "
+                        "step (python -m end2end.sweep --require-quiet; without it, rows "
+                        "measured while the machine was busy are marked '!' in the tables)")
     p.add_argument("--list", action="store_true", help="print the plan's steps and exit")
     p.add_argument("--dry-run", action="store_true",
                    help="print the commands of the steps left to run and exit")
@@ -94,7 +98,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     to_run = [s for s in steps if chosen is None or s.name in chosen]
     start = time.monotonic()
     try:
-        run_plan(to_run, out, dry_run=args.dry_run)
+        run_plan(to_run, out, dry_run=args.dry_run,
+                 sweep_args=["--require-quiet"] if args.require_quiet else [])
     except KeyboardInterrupt:
         print(f"\ninterrupted; run the same command again to resume: {PROG} "
               f"{shlex.join(argv)}", file=sys.stderr)

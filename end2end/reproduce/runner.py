@@ -31,6 +31,8 @@ __all__ = ["ROOT", "Outcome", "load_outcomes", "claim_folder", "commands_of", "e
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = ".reproduce"
+# the scripts that pass options they do not know on to python -m end2end.sweep
+SWEEPS = {("end2end/run_all_single_node.sh",), ("ablation/run.sh",)}
 # the children run without the set-up (scripts/reproduce.sh did it) and offline
 CHILD_ENV = {"SKIP_SETUP": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
              "TOKENIZERS_PARALLELISM": "false"}
@@ -75,10 +77,13 @@ def _expand(arg: str, folder: Path, python: str) -> str:
     return arg.replace("{out}", str(folder)).replace("{python}", python)
 
 
-def commands_of(step: Step, out: Path, python: str = sys.executable) -> List[List[str]]:
-    """The step's commands with ``{out}`` (``out/<step>``) and ``{python}`` filled in."""
+def commands_of(step: Step, out: Path, python: str = sys.executable,
+                sweep_args: Sequence[str] = ()) -> List[List[str]]:
+    """The step's commands with ``{out}`` (``out/<step>``) and ``{python}`` filled in;
+    ``sweep_args`` go to every command that runs a sweep (e.g. ``--require-quiet``)."""
     folder = out / step.name
-    return [[_expand(arg, folder, python) for arg in cmd] for cmd in step.commands]
+    return [[_expand(arg, folder, python) for arg in cmd]
+            + (list(sweep_args) if tuple(cmd[1:2]) in SWEEPS else []) for cmd in step.commands]
 
 
 def env_of(step: Step, out: Path, python: str = sys.executable) -> Dict[str, str]:
@@ -119,14 +124,14 @@ def _run_command(cmd: List[str], env: Dict[str, str], log: TextIO) -> int:
             stdout.close()
 
 
-def _run_step(step: Step, out: Path, python: str) -> Outcome:
+def _run_step(step: Step, out: Path, python: str, sweep_args: Sequence[str]) -> Outcome:
     folder = out / step.name
     folder.mkdir(parents=True, exist_ok=True)
     env = env_of(step, out, python)
     start = time.monotonic()
     texts, error = [], ""
     with open(folder / "log.txt", "a") as log:
-        for cmd in commands_of(step, out, python):
+        for cmd in commands_of(step, out, python, sweep_args):
             texts.append(_shell_text(cmd, env))
             print(f"$ {texts[-1]}", file=log, flush=True)
             rc = _run_command(cmd, {"PYTHON": python, **env}, log)
@@ -145,9 +150,11 @@ def _run_step(step: Step, out: Path, python: str) -> Outcome:
 
 
 def run_plan(steps: Sequence[Step], out: Path, python: str = sys.executable,
-             stream: TextIO = sys.stdout, dry_run: bool = False) -> Dict[str, Outcome]:
+             stream: TextIO = sys.stdout, dry_run: bool = False,
+             sweep_args: Sequence[str] = ()) -> Dict[str, Outcome]:
     """Run every step of ``steps`` that ``out`` has no ``ok`` record of; returns the outcome of
-    every step (recorded ones included). ``dry_run``: print the commands, run nothing."""
+    every step (recorded ones included). ``dry_run``: print the commands, run nothing;
+    ``sweep_args``: options for every sweep (:func:`commands_of`)."""
     done = {n: o for n, o in load_outcomes(out).items() if o.status == "ok"}
     todo = [s for s in steps if s.name not in done]
     estimate = {s.name: s.estimate_s for s in todo}
@@ -172,12 +179,12 @@ def run_plan(steps: Sequence[Step], out: Path, python: str = sys.executable,
             continue
         position = todo.index(step)
         if dry_run:
-            for cmd in commands_of(step, out, python):
+            for cmd in commands_of(step, out, python, sweep_args):
                 say(f"[{i}/{total}] {step.name}: {_shell_text(cmd, env_of(step, out, python))}")
             continue
         say(f"[{i}/{total}] {step.name}: {step.title} ({step.what}); about "
             f"{format_duration(left(position))} left")
-        outcome = _run_step(step, out, python)
+        outcome = _run_step(step, out, python, sweep_args)
         outcomes[step.name] = outcome
         spent["estimated"] += step.estimate_s
         spent["measured"] += outcome.seconds

@@ -78,8 +78,11 @@ def test_bad_options_are_one_line(tmp_path, args, message):
 
 def test_a_dry_run_names_every_command_and_runs_nothing(tmp_path):
     out = tmp_path / "dry"
-    run = _run("--dry-run", "--out", str(out))
+    run = _run("--dry-run", "--require-quiet", "--out", str(out))
     assert run.returncode == 0, run.stderr
+    assert "quick.cfg --repeat 2 --require-quiet" in run.stdout  # the sweeps wait for quiet
+    assert "--scale tiny --repeat 1 --require-quiet" in run.stdout
+    assert "usability.loc --json" in run.stdout and "loc.md --require-quiet" not in run.stdout
     for text in ("end2end/configs/quick.cfg --repeat 2", "ablation/run.sh --scale tiny",
                  "SPACE=autotune/spaces/tiny_bert.py", "-m end2end.simulate end2end/configs/"
                  "single_node_asplos24.cfg --device v100-32gb", "--only llama-7b --only n=16",
