@@ -12,7 +12,6 @@ how model tensors are matched to stored ones.
 
 from __future__ import annotations
 
-import contextlib
 import re
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -175,26 +174,23 @@ def _allocate(model: nn.Module, device: Union[None, str, torch.device]
 
 
 class _Reader:
-    """Open safetensors files once each; read slices of stored tensors."""
+    """Reads slices of stored tensors. Each read maps the file only while it reads: pages of
+    a file kept mapped count in the process's resident memory, so a long-lived handle would let
+    the whole checkpoint's touched pages pile up on top of the shards."""
 
     def __enter__(self) -> "_Reader":
         from safetensors import safe_open
 
         self._open = safe_open
-        self._stack = contextlib.ExitStack()
-        self._files: Dict[str, Any] = {}
         self.bytes = 0
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._stack.close()
+        pass
 
     def read(self, st: StoredTensor, index: Tuple[slice, ...]) -> torch.Tensor:
-        handle = self._files.get(st.file)
-        if handle is None:
-            handle = self._stack.enter_context(self._open(st.file, framework="pt"))
-            self._files[st.file] = handle
-        out = handle.get_tensor(st.key) if not st.shape else handle.get_slice(st.key)[index]
+        with self._open(st.file, framework="pt") as handle:
+            out = handle.get_tensor(st.key) if not st.shape else handle.get_slice(st.key)[index]
         self.bytes += out.numel() * out.element_size()
         return out
 
