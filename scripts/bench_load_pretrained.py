@@ -49,6 +49,7 @@ def write_checkpoint(path: str, layers: int, shard_bytes: int = 2 * 10**9) -> in
 
     import slapo
 
+    os.makedirs(path, exist_ok=True)
     config = _config(layers, VOCAB)
     with slapo.init_empty_weights():
         model = tf.GPTNeoForCausalLM(config)
