@@ -22,6 +22,12 @@ decision, not the read:
   ``GradientCheckpointingLayer.__call__`` and T5's attention), found in the code objects of the
   modules whose code the graph inlines (:func:`module_flags`).
 
+* **HF output capture** (``output_attentions`` / ``output_hidden_states`` passed or set in the
+  config of an untraced parent): HF collects those outputs with forward hooks on modules
+  chosen by class (``_can_record_outputs``); a module whose code the graph inlined has no call
+  for such a hook, so its outputs would silently be missing. The keys whose hooks would sit on
+  an inlined module (:func:`capture_keys`) are refused while a capture of them is active.
+
 Config and module flags are checked by one :class:`BakedState` per traced module (a few
 attribute reads and comparisons per call): the traced graph either follows them (reads inside
 leaves) or refuses with one line naming the module, the value it was traced with and how to
@@ -252,6 +258,39 @@ def module_flags(root: nn.Module, inlined: List[Tuple[str, nn.Module]]
     return out
 
 
+# ---------------------------------------------------------------------------- output capture
+@functools.lru_cache(maxsize=None)
+def _recorded_by_class(cls: type) -> frozenset:
+    """Keys of HF's output capture whose target class ``cls`` is an instance of, from the
+    ``_can_record_outputs`` tables of the models defined beside ``cls``."""
+    module = sys.modules.get(cls.__module__)
+    keys = set()
+    for obj in list(vars(module).values()) if module is not None else ():
+        table = getattr(obj, "_can_record_outputs", None) if isinstance(obj, type) else None
+        if not isinstance(table, dict):
+            continue
+        for key, specs in table.items():
+            for spec in specs if isinstance(specs, (list, tuple)) else [specs]:
+                target = spec if isinstance(spec, type) else getattr(spec, "target_class", None)
+                if isinstance(target, type) and issubclass(cls, target):
+                    keys.add(key)
+    return frozenset(keys)
+
+
+def capture_keys(inlined: List[Tuple[str, nn.Module]]) -> frozenset:
+    """Output-capture keys (``attentions``, ``hidden_states`` ...) HF would collect from a
+    module of ``inlined`` with a forward hook."""
+    keys: set = set()
+    for _, m in inlined:
+        keys |= _recorded_by_class(type(m))  # type: ignore[arg-type]
+    return frozenset(keys)
+
+
+def _collector() -> Any:
+    module = sys.modules.get("transformers.utils.output_capturing")
+    return getattr(module, "_active_collector", None)
+
+
 # ---------------------------------------------------------------------------- the guard
 class BakedState:
     """Config attributes and module flags a traced module's graph fixed (see module
@@ -264,20 +303,25 @@ class BakedState:
     """
 
     def __init__(self, configs: List[Tuple[Any, Tuple[Tuple[str, Any, str], ...]]],
-                 flags: List[Tuple[Optional[nn.Module], str, str, Any]]):
+                 flags: List[Tuple[Optional[nn.Module], str, str, Any]],
+                 captured: frozenset = frozenset()):
         self.configs = configs
         self.flags = flags
+        self.captured = captured  # output-capture keys of inlined modules
+        self.collector = _collector() if captured else None
 
     @classmethod
-    def of(cls, reads: ConfigReads, root: nn.Module, flags: List[Tuple[str, str, Any]]
+    def of(cls, reads: ConfigReads, root: nn.Module, inlined: List[Tuple[str, nn.Module]]
            ) -> "BakedState":
+        """The state of a trace of ``root`` that inlined the code of ``inlined``."""
         configs = [(c, tuple((n, v, s) for n, (v, s) in names.items()))
                    for c, names in reads.reads.values()]
-        held = [(root.get_submodule(p) if p else None, p, f, v) for p, f, v in flags]
-        return cls(configs, held)
+        held = [(root.get_submodule(p) if p else None, p, f, v)
+                for p, f, v in module_flags(root, inlined)]
+        return cls(configs, held, capture_keys(inlined))
 
     def __bool__(self) -> bool:
-        return bool(self.configs or self.flags)
+        return bool(self.configs or self.flags or self.collector is not None)
 
     def bind_root(self, gm: nn.Module) -> None:
         """The traced module (the graph module) holds the root's flags from now on."""
@@ -305,6 +349,16 @@ class BakedState:
                     hint=f"the graph inlined the code that reads {flag}: set it before "
                     "tracing, make that module a leaf (trace(leaves=[...])), or use slapo's "
                     "checkpoint primitive instead")
+        if self.collector is not None:
+            active = self.collector.get()
+            if active and not self.captured.isdisjoint(active):
+                keys = ", ".join(sorted(self.captured.intersection(active)))
+                raise TraceError(
+                    f"'{path or '<root>'}' inlined the code of modules whose {keys} HF "
+                    "collects with forward hooks (output_attentions / output_hidden_states), "
+                    "so they would be missing from the model's output",
+                    hint="make those modules leaves (trace(leaves=[...])) to collect them, "
+                    "or run without asking for them")
 
 
 @has_side_effect

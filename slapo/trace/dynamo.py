@@ -47,7 +47,7 @@ from torch.utils import _pytree as pytree
 
 from ..errors import TraceError
 from ..runtime.forward_wrap import forward_wrappers
-from .baked import BakedState, ConfigReads, module_flags
+from .baked import BakedState, ConfigReads
 from .modes import TracedModeError, merge_modes, other_mode, unchanged_buffers
 from .original import keep_original
 
@@ -250,8 +250,8 @@ def export_module(mod: nn.Module, inputs: Any, *, path: str = "") -> fx.GraphMod
         gm.register_forward_pre_hook(DroppedExtras(sorted(set(given) - set(kwargs)), path),
                                      with_kwargs=True, prepend=True)
     # a flat graph: every module's code is inlined; the flags it read live on the graph module
-    flags = {f: ("", f, v) for _, f, v in module_flags(mod, list(mod.named_modules()))}
-    state = BakedState.of(reads, mod, list(flags.values()))
+    state = BakedState.of(reads, mod, list(mod.named_modules()))
+    state.flags = list({f: (None, "", f, v) for _, _, f, v in state.flags}.values())
     state.bind_root(gm)
     gm.register_forward_pre_hook(BakedInputs(mod, gm, args, kwargs, state, path), with_kwargs=True)
     merged = merge_modes(gm.graph, other, mod.training, path, guard=False)

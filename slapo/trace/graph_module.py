@@ -13,7 +13,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..runtime.forward_wrap import copy_forward_wrappers, move_hooks
-from .baked import BakedState, ConfigReads, check_baked, module_flags
+from .baked import BakedState, ConfigReads, check_baked
 from .guards import check_global_state
 from .original import keep_original
 
@@ -54,7 +54,7 @@ def guard_baked_state(mod: nn.Module, graph: fx.Graph, reads: ConfigReads, path:
     """A :func:`~slapo.trace.baked.check_baked` guard after the placeholders for the config
     attributes and module flags the trace fixed; inside the block ``mod`` holds the state
     for :func:`graph_module` to copy, and the yielded function binds it to the graph module."""
-    state = BakedState.of(reads, mod, module_flags(mod, _inlined(mod, graph)))
+    state = BakedState.of(reads, mod, _inlined(mod, graph))
     if not state:
         yield lambda gm: None
         return

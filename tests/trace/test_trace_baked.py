@@ -203,3 +203,26 @@ def test_other_dtype_is_followed_where_the_graph_does_not_depend_on_it(family, p
     ref.double()
     model.double()
     assert_same_training(ref, model, example_inputs(family, **RUN))
+
+
+@pytest.mark.parametrize("path,options,captured", [
+    ("bert.encoder.layer.1.attention.self", dict(flatten=True), False),
+    ("bert.encoder.layer.1.attention.self", dict(tracer="dynamo"), False),
+    ("bert.encoder.layer.1.attention", dict(leaves=["self"]), True),
+], ids=["fx-inlined", "dynamo", "fx-leaf"])
+def test_output_capture_of_an_inlined_module_is_refused(path, options, captured):
+    """HF collects attentions with forward hooks on the attention modules (by class): a traced
+    attention has no call to hook, so asking for them must refuse, not return fewer."""
+    ref, model = tiny_model("bert"), tiny_model("bert")
+    for m in (ref, model):
+        m.set_attn_implementation("eager")
+    slapo.create_schedule(model)[path].trace(example_inputs=example_inputs("bert"), **options)
+    inputs = example_inputs("bert", **RUN)
+    assert_same_training(ref, model, inputs)
+    for m in (ref, model):
+        m.config.output_attentions = True
+    if captured:
+        torch.testing.assert_close(model(**inputs).attentions, ref(**inputs).attentions)
+    else:
+        _refusal(model, inputs, rf"'{path}' inlined the code of modules whose attentions HF "
+                 "collects with forward hooks")
