@@ -208,8 +208,10 @@ class Trace(Primitive):
         values, numbers taken from them, grad mode / autocast / the default dtype, the dtype
         and device of every traced value the code read (``x.dtype``), the config attributes
         the code read (``config._attn_implementation``, ``output_attentions``) and module
-        flags such as ``gradient_checkpointing`` (see :mod:`slapo.trace.baked`). Reads inside
-        leaves follow their current value. Tracing does not change the global RNG state.
+        flags such as ``gradient_checkpointing``; asking HF for outputs it collects with hooks
+        on a module the graph inlined (``output_attentions``) refuses too (see
+        :mod:`slapo.trace.baked`). Reads inside leaves follow their current value. Tracing does
+        not change the global RNG state.
         Already traced: returns the GraphModule.
 
         ``tracer="dynamo"`` traces with ``torch.export`` instead, for code the default
