@@ -10,8 +10,8 @@ lines are counted once and both families list the module. The shared helpers (``
 the paper's schedules call primitives. The ``auto`` schedule (``auto.py``: a schedule derived from
 the model's own tensor-parallel plan, for any family that declares one) is a generator, not a
 recipe of one family: its row counts ``auto.py``, and the plan interpreter it alone calls
-(``tp_plan/``: plan styles -> primitives, a package counted as one row; ``moe.py``: experts
-and routers) has rows of its own (``AUTO_HELPERS``). What a user writes for it is one line,
+(``auto_checks.py``: the decisions made before any change; ``tp_plan/``: plan styles ->
+primitives, a package counted as one row; ``moe.py``: experts and routers) has rows of its own (``AUTO_HELPERS``). What a user writes for it is one line,
 ``apply_schedule(model, "auto")``. The paper's counts (Table 4) are listed beside; they
 count condensed ``.schedule`` pseudo-code with another rule (every line minus those containing
 "for"), so they are a reference, not the same measurement.
@@ -36,7 +36,7 @@ PAPER_LOC = {"bert": 21, "roberta": 21, "t5": 11, "wideresnet": 12, "llama": 11,
              "gpt_neo": 10}
 
 # Modules only the ``auto`` schedule calls: its plan interpreter (counted once, beside it).
-AUTO_HELPERS = ("tp_plan", "moe")
+AUTO_HELPERS = ("auto_checks", "tp_plan", "moe")
 
 _SKIP_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
                 tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER}

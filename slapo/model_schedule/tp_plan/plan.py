@@ -56,16 +56,20 @@ def read_plan(model: nn.Module) -> Dict[str, str]:
     ``base_model_tp_plan`` under ``p`` (read from the config instance: an override set on it
     wins). So the text sub-config's plan of a vision-language model lands under
     ``model.language_model``, and Llama 4's under its real child ``model`` whatever
-    ``base_model_prefix`` says. Empty when the model declares none."""
+    ``base_model_prefix`` says. Like transformers, a base model with an ``embed_tokens``
+    embedding that its plan does not name gets ``embed_tokens: embedding_rowwise`` (T5Gemma's
+    decoder embedding). Empty when the model declares none."""
     plan: Dict[str, str] = {}
     modules = [(path, mod) for path, mod in model.named_modules() if _pretrained(mod)]
     for path, mod in modules:
-        plan.update({C.join(path, g): s for g, s in (type(mod)._tp_plan or {}).items()})
+        own = dict(type(mod)._tp_plan or {})
         below = [m for p, m in modules if p.startswith(path + ".") or (not path and p)]
-        if any(m.config is mod.config for m in below):
-            continue  # the base model below it contributes the config's plan
-        base = dict(getattr(mod.config, "base_model_tp_plan", None) or {})
-        plan.update({C.join(path, g): s for g, s in base.items()})
+        if not any(m.config is mod.config for m in below):  # else the base model below adds it
+            own.update(dict(getattr(mod.config, "base_model_tp_plan", None) or {}))
+        if own and getattr(mod, "base_model", None) is mod and isinstance(
+                getattr(mod, "embed_tokens", None), nn.Embedding):
+            own = {"embed_tokens": "embedding_rowwise", **own}  # as transformers adds it
+        plan.update({C.join(path, g): s for g, s in own.items()})
     return plan
 
 
