@@ -112,8 +112,10 @@ def test_plan_entry_matching_no_path_is_refused_unchanged():
 
 
 # masked LM (unshifted loss), seq2seq whose decoder embedding is tied to the vocab-sharded head,
-# sequence classification (HF's loss on the score head), a VLM run text-only
-HEADS = ("eurobert:masked", "t5gemma:seq2seq", "gemma2:seqcls", "gemma3:image_text")
+# sequence classification (HF's loss on the score head; T5Gemma's: its decoder embedding is
+# sharded as the plan says), a VLM run text-only
+HEADS = ("eurobert:masked", "t5gemma:seq2seq", "gemma2:seqcls", "gemma3:image_text",
+         "t5gemma:seqcls")
 
 
 def test_auto_heads_one_rank():
