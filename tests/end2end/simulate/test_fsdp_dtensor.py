@@ -60,7 +60,9 @@ def _local_bytes(tensors) -> int:
 
 
 def _real_rank(mode: str) -> dict:
-    """One real training step of ``mode`` on this gloo rank (the driver's code) under
+    """A real steady training step of ``mode`` on this gloo rank (the driver's code; one
+    warm-up step first, as the driver measures, so that Adam's states exist through the
+    forward and backward, as the simulator's steady-state peak has them) under
     ``torch.distributed._tools.MemTracker``: its peak and the state bytes after the step."""
     import torch
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -74,6 +76,7 @@ def _real_rank(mode: str) -> dict:
     layout, env = run_layout(spec), init_distributed()
     runner = build_runner(spec, layout, None, env.device)
     batch = rank_batch(spec, layout, env.rank, env.device, None)
+    runner.train_step(batch)  # warm-up: the optimizer's states created
     tracker = MemTracker()
     tracker.track_external(runner.model, runner.optimizer)
     with tracker:
