@@ -201,3 +201,22 @@ def _tp_to_fsdp2(tmp: str):
 def test_tp2_state_restores_into_fsdp2(tmp_path):
     for rank, res in enumerate(run_distributed(_tp_to_fsdp2, 2, str(tmp_path), timeout=240)):
         assert res == {"bad": [], "step": 1, "sharded": True}, (rank, res)
+
+
+def test_async_save_keeps_the_state_of_its_call(tmp_path):
+    model = gpt2(seed=1)
+    opt = torch.optim.AdamW(model.parameters())
+    model(**example_inputs("gpt2")).loss.backward()
+    opt.step()
+    before = weights(model)
+    future = slapo.save_training_state(str(tmp_path / "s"), model, opt, step=1, async_save=True)
+    with torch.no_grad():  # training goes on while the state is written
+        for p in model.parameters():
+            p.add_(1.0)
+    future.result()
+    other = gpt2(seed=2)
+    state = slapo.load_training_state(str(tmp_path / "s"), other, torch.optim.AdamW(
+        other.parameters()))
+    assert state.step == 1
+    for n, t in weights(other).items():
+        assert torch.equal(t, before[n]), n
