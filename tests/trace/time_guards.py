@@ -36,6 +36,32 @@ def without_baked_guards(gm: fx.GraphModule) -> fx.GraphModule:
     return out
 
 
+def _guard_time(gm: fx.GraphModule, args: tuple, kwargs: dict, n: int) -> float:
+    """Seconds per call of the guard nodes alone, called as the graph calls them."""
+    env = {}
+    ph = [p for p in gm.graph.nodes if p.op == "placeholder"]
+    for node, value in zip(ph, args):
+        env[node] = value
+    for node in ph:
+        if node.target in kwargs:
+            env[node] = kwargs[node.target]
+    calls = []
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in (check_baked, check_tensor_attr):
+            if node.target is check_baked:
+                calls.append((check_baked, (gm._slapo_baked,) + tuple(node.args[1:])))
+            elif node.args[0] in env:
+                calls.append((check_tensor_attr, (env[node.args[0]],) + tuple(node.args[1:])))
+            else:  # an intermediate value: one with the same attribute stands in
+                ref = next(iter(env.values()))
+                calls.append((check_tensor_attr, (ref,) + tuple(node.args[1:])))
+    start = time.perf_counter()
+    for _ in range(n):
+        for fn, a in calls:
+            fn(*a)
+    return (time.perf_counter() - start) / n
+
+
 def _per_call(fn, n: int) -> float:
     start = time.perf_counter()
     for _ in range(n):
@@ -47,7 +73,8 @@ LAYERS = {"bert": "bert.encoder.layer.0", "llama": "model.layers.0"}
 
 
 def time_layer(family: str, hidden: int, seq: int, calls: int, repeats: int) -> None:
-    over = dict(hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=4)
+    over = dict(hidden_size=hidden, intermediate_size=4 * hidden, num_attention_heads=4,
+                max_position_embeddings=max(64, seq))
     if family == "llama":
         over.update(num_key_value_heads=4, use_cache=False)
     model = tiny_model(family, **over).eval()
@@ -75,7 +102,10 @@ def time_layer(family: str, hidden: int, seq: int, calls: int, repeats: int) -> 
         for _ in range(repeats):
             a.append(_per_call(lambda: traced(*args, **kwargs), calls))
             b.append(_per_call(lambda: bare(*args, **kwargs), calls))
+        guard_only = _guard_time(traced, args, kwargs, calls * 20)
     ratios = [x / y for x, y in zip(a, b)]
+    print(f"  the guards alone: {guard_only * 1e6:.2f} us/call = "
+          f"{guard_only / statistics.median(b) * 100:.3f}% of the layer's call")
     print(f"{type(layer).__name__} hidden={hidden} seq={seq}: {guards} guard nodes; with guards "
           f"{statistics.median(a) * 1e6:.1f} us/call, without {statistics.median(b) * 1e6:.1f} "
           f"us/call; ratio {statistics.median(ratios):.3f} (min {min(ratios):.3f}, max "
