@@ -319,6 +319,8 @@ def tiny_plan_model(model_type: str, seed: int = 0, head: str = "causal",
     if head not in PLAN_HEADS:
         raise ValueError(f"unknown head {head!r}; one of {', '.join(PLAN_HEADS)}")
     config = tiny_plan_config(model_type, **overrides)
+    if head == "seqcls" and getattr(config, "pad_token_id", 0) is None:
+        config.pad_token_id = 0  # HF pools the last non-pad token: needs a pad id for batches
     with seeded(seed):
         model = getattr(transformers, PLAN_HEADS[head]).from_config(config)
     return model.train()
