@@ -220,3 +220,22 @@ def test_async_save_keeps_the_state_of_its_call(tmp_path):
     assert state.step == 1
     for n, t in weights(other).items():
         assert torch.equal(t, before[n]), n
+
+
+def _restore_at_tp4(tmp: str):
+    """The TP 2 state (BERT, 4 heads) restored at TP 4; the full weights and moments."""
+    model, opt, sched = make_run(seed=9)
+    state = slapo.load_training_state(os.path.join(tmp, "state"), model, opt, sched)
+    return state.step, gathered(model, opt)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SLAPO_SLOW_TESTS") != "1",
+                    reason="2 then 4 ranks: ~2 min on 2 shared cores; set SLAPO_SLOW_TESTS=1")
+def test_tp2_state_restores_at_tp4(tmp_path):
+    want = run_distributed(_uninterrupted_and_stopped, 2, str(tmp_path), timeout=300)[0]
+    for rank, (step, got) in enumerate(run_distributed(_restore_at_tp4, 4, str(tmp_path),
+                                                       timeout=500)):
+        assert step == STOP
+        for n, t in want["at_stop"].items():
+            assert torch.equal(got[n], t), (rank, n)
