@@ -308,7 +308,6 @@ class BakedState:
         self.configs = configs
         self.flags = flags
         self.captured = captured  # output-capture keys of inlined modules
-        self.collector = _collector() if captured else None
 
     @classmethod
     def of(cls, reads: ConfigReads, root: nn.Module, inlined: List[Tuple[str, nn.Module]]
@@ -321,7 +320,7 @@ class BakedState:
         return cls(configs, held, capture_keys(inlined))
 
     def __bool__(self) -> bool:
-        return bool(self.configs or self.flags or self.collector is not None)
+        return bool(self.configs or self.flags or (self.captured and _collector() is not None))
 
     def bind_root(self, gm: nn.Module) -> None:
         """The traced module (the graph module) holds the root's flags from now on."""
@@ -349,8 +348,9 @@ class BakedState:
                     hint=f"the graph inlined the code that reads {flag}: set it before "
                     "tracing, make that module a leaf (trace(leaves=[...])), or use slapo's "
                     "checkpoint primitive instead")
-        if self.collector is not None:
-            active = self.collector.get()
+        collector = _collector() if self.captured else None  # a ContextVar: not kept (copies)
+        if collector is not None:
+            active = collector.get()
             if active and not self.captured.isdisjoint(active):
                 keys = ", ".join(sorted(self.captured.intersection(active)))
                 raise TraceError(

@@ -226,3 +226,14 @@ def test_output_capture_of_an_inlined_module_is_refused(path, options, captured)
     else:
         _refusal(model, inputs, rf"'{path}' inlined the code of modules whose attentions HF "
                  "collects with forward hooks")
+
+
+def test_a_copy_of_a_traced_model_checks_its_own_config():
+    import copy
+
+    ref, model = _traced("bert", "bert.encoder.layer.0", flatten=True)
+    twin = copy.deepcopy(model)
+    inputs = example_inputs("bert", **RUN)
+    twin.set_attn_implementation("eager")
+    _refusal(twin, inputs, r"config._attn_implementation = 'sdpa'")
+    assert_same_training(ref, model, inputs)  # the original's config did not change
