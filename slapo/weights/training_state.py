@@ -176,6 +176,11 @@ def save_training_state(directory: str, model: nn.Module,
     from ..schedule import Schedule
 
     model = model.mod if isinstance(model, Schedule) else model
+    meta = [mt.names[0] for mt in model_tensors(model) if mt.tensor.is_meta]
+    if meta:
+        raise CheckpointIOError(f"'{meta[0]}' is still on the meta device",
+                                call="save_training_state",
+                                hint="build the model (slapo.build) before saving it")
     rank = dist.get_rank() if _distributed() else 0
     world = dist.get_world_size() if _distributed() else 1
     state: Dict[str, Any] = {"model": _model_entries(model)}
@@ -229,6 +234,10 @@ def load_training_state(directory: str, model: nn.Module,
                     "pass a directory written by slapo.save_training_state; convert a "
                     "save_checkpoint directory with python -m slapo.weights.convert")
     rank = dist.get_rank() if _distributed() else 0
+    meta = [mt.names[0] for mt in model_tensors(model) if mt.tensor.is_meta]
+    if meta:
+        raise _fail(f"'{meta[0]}' is on the meta device",
+                    "build the model (slapo.build) before loading a training state into it")
     state: Dict[str, Any] = {"model": _model_entries(model)}
     for mt in model_tensors(model):
         entry = md.get(f"model.{mt.names[0]}")

@@ -150,6 +150,12 @@ def test_refused_states_change_nothing(tmp_path):
     refused(r"'transformer.wte.weight' has global shape \[256, 32\] but \[128, 32\]",
             str(tmp_path / "s"), tiny_model("gpt2", vocab_size=256))
     refused("holds optimizer state but no optimizer was given", str(tmp_path / "s"), gpt2(2))
+    with slapo.init_empty_weights():
+        meta = tiny_model("gpt2")
+    with pytest.raises(slapo.CheckpointIOError, match="is on the meta device"):
+        slapo.load_training_state(str(tmp_path / "s"), meta)
+    with pytest.raises(slapo.CheckpointIOError, match="still on the meta device"):
+        slapo.save_training_state(str(tmp_path / "m"), meta)
     other = gpt2(seed=2)
     two_groups = torch.optim.AdamW([{"params": [other.lm_head.weight]},
                                     {"params": [p for n, p in other.named_parameters()
