@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-from bench_delayed_init import _reset_peak, _rss_bytes, gpt_neo_config, shard_gpt_neo  # noqa: E402
+from bench_delayed_init import _reset_peak, _rss_bytes, gpt_neo_config, shard_gpt_neo
 
 VOCAB, PADDED = 50257, 50304
 
