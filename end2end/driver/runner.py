@@ -190,7 +190,8 @@ def schedule_group(request: RunnerRequest) -> Any:
 def prepare_hf_model(request: RunnerRequest) -> nn.Module:
     """The HF model of a mode that trains it: built from the config unless given, HF gradient
     checkpointing for a baseline with ``ckpt``, cast to a low ``dtype`` unless the runtime keeps
-    fp32 master weights of the fp32 model (:attr:`~end2end.spec.modes.Mode.master_weights`)."""
+    fp32 master weights of the fp32 model (:attr:`~end2end.spec.modes.Mode.master_weights`) and
+    no pipeline stage is traced from it."""
     model = request.model_or_config
     if not isinstance(model, nn.Module):
         model = hf_model_from_config(config_of(model), request.seed)
@@ -198,7 +199,13 @@ def prepare_hf_model(request: RunnerRequest) -> nn.Module:
     if request.mode.ckpt == "hf" and ckpt and ckpt != "0":
         model.gradient_checkpointing_enable()
     mode = request.mode
-    if request.low_precision and (not mode.mixed_precision or mode.master_weights != "runtime"):
+    # A pipeline's stages are traced when the schedule cuts them, and a traced graph refuses a
+    # dtype other than its trace's (slapo.trace guards): cast before the schedule, as DeepSpeed's
+    # fp16/bf16 engine would cast the module after it (its fp32 masters are made from the cast
+    # parameters either way).
+    traced_stages = request.pipeline_parallel > 1
+    if request.low_precision and (not mode.mixed_precision or mode.master_weights != "runtime"
+                                  or traced_stages):
         model = model.to(request.dtype)
     return model
 
