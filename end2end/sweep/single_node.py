@@ -84,13 +84,13 @@ def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
               device: str = "cpu", retry_failed: bool = False, timeout: float = 1800.0,
               dry_run: bool = False, error_stop: bool = False,
               extra: Sequence[str] = (), wait: bool = False, repeat: int = 1,
-              require_quiet: bool = False, quiet_wait: float = 300.0) -> int:
+              require_quiet: Optional[float] = None) -> int:
     """Run the pending runs of ``config``; returns how many runs of the config have no ``ok``
     row afterwards (failed, skipped, or not run because of ``error_stop``).
 
     ``repeat`` > 1 runs the config in interleaved rounds
-    (:func:`end2end.spec.config_file.interleave`). ``require_quiet``: before each run, wait at
-    most ``quiet_wait`` seconds for a quiet machine, else raise
+    (:func:`end2end.spec.config_file.interleave`). ``require_quiet`` (seconds): before each run,
+    wait at most that long for a quiet machine, else raise
     :class:`~end2end.sweep.quiet.MachineBusy` (finished runs stay; the same command resumes).
     Holds :class:`~end2end.sweep.lock.SweepLock` on ``results`` for the whole sweep (refuses,
     or with ``wait`` queues, when another sweep uses it). A ``KeyboardInterrupt`` (Ctrl-C, or
@@ -118,7 +118,7 @@ def run_sweep(config: str, results: str, max_devices: Optional[int] = None,
         log.info("%s: %d runs, %d already in %s, %d to run", config, len(runs),
                  len(runs) - len(todo), out, len(todo))
         _run_all(todo, out, max_devices, timeout, error_stop, extra, device,
-                 quiet_wait if require_quiet else None)
+                 require_quiet)
         bad = not_ok(runs, out)
     if bad:
         log.info("%d of %d runs not ok: %s", sum(bad.values()), len(runs),
@@ -234,7 +234,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         args.retry_failed, args.timeout, args.dry_run, args.error_stop,
                         extra=["--profile", args.profile] if args.profile else (),
                         wait=args.wait, repeat=args.repeat,
-                        require_quiet=args.require_quiet, quiet_wait=args.quiet_wait)
+                        require_quiet=args.quiet_wait if args.require_quiet else None)
         return 1 if bad else 0
 
     return run_interruptible("end2end.sweep", argv, run, args.debug)

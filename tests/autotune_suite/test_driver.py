@@ -84,7 +84,8 @@ def test_model_spaces_are_valid_runs(path):
     ns = load_space_file(str(path))
     space, command = ns["space"], ns["command"]
     cands = space.candidates()
-    assert len(cands) >= 12 and {"batch_size", "ckpt_ratio"} <= set(space.names)
+    assert len(cands) >= (6 if path.stem.startswith("tiny") else 12)
+    assert {"batch_size", "ckpt_ratio"} <= set(space.names)
     assert "{batch_size}" in command
     if ns["MODEL"].startswith("cpu/"):  # on CPU the OOM is a budget; a GPU has its own
         assert "--mem-budget-gb" in command

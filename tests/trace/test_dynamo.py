@@ -287,7 +287,7 @@ def test_none_extras_of_kwargs_are_left_out_and_refused_when_given():
     _, model, sch, inputs = _bert_self_dynamo()
     gm = sch[_SELF].mod
     hidden = torch.randn(2, 8, 32)
-    mask = torch.zeros(2, 1, 8, 8)
+    mask = torch.ones(2, 1, 8, 8, dtype=torch.bool)  # the dtype of the trace's mask
     out = gm(hidden, attention_mask=mask, cache=None, encoder_hidden_states=None)
     torch.testing.assert_close(out[0], gm(hidden, attention_mask=mask, cache=None)[0])
     with pytest.raises(TraceError, match=r"encoder_hidden_states were None when this dynamo "

@@ -151,14 +151,15 @@ def bytes_model_comm(profile_comm: Dict[str, float]) -> Dict[str, float]:
     """Seconds per phase of ZeRO-3's collectives on the ``bytes`` model as the time model
     charges them (``profile_comm``: ``alpha_s`` and ``collective_bandwidth`` of the
     calibration)."""
-    from end2end.simulate.engine.modelled import zero3_collectives
     from end2end.simulate.cost.timing import ring_factor, ring_steps
+    from end2end.simulate.engine.modelled import module_gathers, zero3_collectives
 
-    build, _ = _models()["bytes"]
-    params = counts(build())["byte"] // 4
+    model = _models()["bytes"][0]()
+    params = counts(model)["byte"] // 4
+    gathered, _ = module_gathers(model)
     out: Dict[str, float] = {}
     bandwidth = profile_comm["collective_bandwidth"]
-    for c in zero3_collectives(params, (0, 1), False, False):
+    for c in zero3_collectives(gathered, params, (0, 1), False, False):
         bw = bandwidth.get(c.kind, bandwidth["allreduce"])
         t = ring_steps(c.kind, 2) * profile_comm["alpha_s"] + ring_factor(c.kind, 2) * c.bytes / bw
         out[c.phase] = out.get(c.phase, 0.0) + t

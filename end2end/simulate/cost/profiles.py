@@ -160,10 +160,13 @@ for _name in SOURCES:
 _HALF = ("float16", "bfloat16")
 
 
-def _gpu(name, description, memory_gib, fp32, half, hbm, nvlink, network, sms, cc, gemm,
+def _gpu(name, description, memory_gib, peak, bandwidth, sms, cc, gemm,
          attention=(0.6, 0.33), bf16=True, **kw) -> DeviceProfile:
-    """A GPU profile; ``attention``: (flash, efficient) fractions of the peak (:data:`SOURCES`);
-    ``bf16``: tensor cores take bf16 (sm80+; V100 runs bf16 at the fp32 rate)."""
+    """A GPU profile; ``peak``: (fp32, fp16 tensor-core) FLOP/s; ``bandwidth``: (HBM, NVLink
+    per GPU, network per node) bytes/s; ``attention``: (flash, efficient) fractions of the peak
+    (:data:`SOURCES`); ``bf16``: tensor cores take bf16 (sm80+; V100 runs bf16 at the fp32
+    rate)."""
+    (fp32, half), (hbm, nvlink, network) = peak, bandwidth
     flops = {"float32": fp32, "float16": half, "bfloat16": half if bf16 else fp32}
     return DeviceProfile(name, description, memory_gib * GIB, flops, hbm, nvlink, network,
                          gemm_efficiency=gemm, sm_count=sms, compute_capability=cc,
@@ -173,19 +176,19 @@ def _gpu(name, description, memory_gib, fp32, half, hbm, nvlink, network, sms, c
 
 
 PROFILES: Dict[str, DeviceProfile] = {p.name: p for p in (
-    _gpu("v100-32gb", "p3dn.24xlarge: 8 x V100-SXM2 32 GB, NVLink, 100 Gb/s", 32, 15.7e12,
-         125e12, 900e9, 150e9, 12.5e9, 80, (7, 0), 0.869, bf16=False),
+    _gpu("v100-32gb", "p3dn.24xlarge: 8 x V100-SXM2 32 GB, NVLink, 100 Gb/s", 32, (15.7e12,
+         125e12), (900e9, 150e9, 12.5e9), 80, (7, 0), 0.869, bf16=False),
     _gpu("v100-32gb-dgx2", "DGX-2: 16 x V100-SXM3 32 GB, NVSwitch, 8 x 100 Gb/s IB", 32,
-         15.7e12, 125e12, 900e9, 150e9, 100e9, 80, (7, 0), 0.869, bf16=False,
+         (15.7e12, 125e12), (900e9, 150e9, 100e9), 80, (7, 0), 0.869, bf16=False,
          gpus_per_node=16),
     _gpu("a100-40gb", "DGX A100: 8 x A100-SXM4 40 GB, NVSwitch, 8 x 200 Gb/s IB", 40,
-         19.5e12, 312e12, 1555e9, 300e9, 200e9, 108, (8, 0), 0.869),
+         (19.5e12, 312e12), (1555e9, 300e9, 200e9), 108, (8, 0), 0.869),
     _gpu("a100-80gb", "DGX A100: 8 x A100-SXM4 80 GB, NVSwitch, 8 x 200 Gb/s IB", 80,
-         19.5e12, 312e12, 2039e9, 300e9, 200e9, 108, (8, 0), 0.869),
-    _gpu("h100-80gb", "DGX H100: 8 x H100-SXM5 80 GB, NVSwitch, 8 x 400 Gb/s", 80, 67e12,
-         989e12, 3350e9, 450e9, 400e9, 132, (9, 0), 0.803),
+         (19.5e12, 312e12), (2039e9, 300e9, 200e9), 108, (8, 0), 0.869),
+    _gpu("h100-80gb", "DGX H100: 8 x H100-SXM5 80 GB, NVSwitch, 8 x 400 Gb/s", 80,
+         (67e12, 989e12), (3350e9, 450e9, 400e9), 132, (9, 0), 0.803),
     _gpu("h200", "DGX H200: 8 x H200-SXM 141 GB, NVSwitch, 8 x 400 Gb/s", 143771 / 1024,
-         67e12, 989e12, 4800e9, 450e9, 400e9, 132, (9, 0), 0.838),
+         (67e12, 989e12), (4800e9, 450e9, 400e9), 132, (9, 0), 0.838),
 )}
 
 
