@@ -98,8 +98,8 @@ def test_the_paper_space_is_figure_10s_grid_predicted_on_the_paper_gpu():
     space = ns["space"]
     assert len(space.candidates()) == 88  # batch 8..28 step 2 x 8 ratios
     assert space.symbols["batch_size"].values == tuple(range(8, 29, 2))
-    # the peak a 32 GB V100 holds after the profile's allocator overhead and reserve
-    assert ns["memory_budget_gb"] == pytest.approx((32 - 1) / 1.1, abs=1e-3)
+    # the peak a 32 GiB V100 holds after the profile's allocator overhead and reserve (in GB)
+    assert ns["memory_budget_gb"] == pytest.approx((32 * 2**30 / 1e9 - 1) / 1.1, abs=1e-3)
     line = ns["predictor"].describe(space.complete({"batch_size": 18, "ckpt_ratio": 0.25}))
     assert line.startswith(sys.executable)
     for part in ("end2end.simulate.one", "--model bert-xlarge", "--gpus 8", "--seq-len 512",

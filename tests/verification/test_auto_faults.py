@@ -259,15 +259,22 @@ def test_missing_grad_all_reduce_on_q_norm(faults):
     assert hf["drift"] > 1e-5, hf
 
 
-def test_missing_row_all_reduce_is_a_rule(faults):
-    """(b) Missing all-reduce: o_proj left out of the plan and sharded row-wise by hand on the
-    auto schedule without ``sync("fwd_post", "all_reduce")``. The rule check names it before
-    anything runs; the numerics name it as the first divergence. HF's ``rowwise`` style always
-    reduces (a DTensor ``Partial`` output is redistributed), so no HF plan expresses this fault."""
+def test_missing_row_all_reduce_is_refused_or_a_rule(faults):
+    """(b) Missing all-reduce: o_proj left out of the plan (to be sharded row-wise by hand
+    without ``sync("fwd_post", "all_reduce")``). The auto schedule now refuses the plan itself,
+    before any change, naming o_proj (its weight would see the heads-sharded activation of its
+    tensor-parallel region); where a schedule with the fault exists, the rule check names it
+    before anything runs and the numerics name it as the first divergence. HF's ``rowwise``
+    style always reduces (a DTensor ``Partial`` output is redistributed), so no HF plan
+    expresses this fault."""
     o_proj = "model.layers.0.self_attn.o_proj"
-    rules = faults["row_no_all_reduce"]["slapo"]["rules"]
+    found = faults["row_no_all_reduce"]["slapo"]
+    if "refused" in found:
+        assert f"'{o_proj}'" in found["refused"] and "does not shard" in found["refused"], found
+        return
+    rules = found["rules"]
     assert not rules["ok"] and rules["rules"] == [o_proj], rules["text"]
-    numeric = faults["row_no_all_reduce"]["slapo"]["numeric"]
+    numeric = found["numeric"]
     assert not numeric["ok"] and numeric["first"] == o_proj, numeric["text"]
 
 
