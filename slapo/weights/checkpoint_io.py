@@ -1,10 +1,16 @@
-"""Sharded checkpoints that can be loaded at another tensor-parallel degree.
+"""The older checkpoint format (``manifest.json`` + ``rank-*.pt``): read, no longer written.
 
-``slapo.save_checkpoint(model, dir)`` writes each rank's shards (one file per rank, each distinct
-piece written once) and a ``manifest.json`` that records, per tensor, its dtype, global shape,
-tied names and where each piece lies (global slice, file, sha256); see
-:mod:`slapo.weights.checkpoint_format`. ``slapo.load_checkpoint(model, dir)`` lets each rank read
-only the pieces that overlap its own part (from every tensor's
+New saves go through ``torch.distributed.checkpoint``: :func:`slapo.save_training_state`.
+``slapo.save_checkpoint(model, dir)`` is kept as a deprecated wrapper that warns once and writes
+the model's weights as such a DCP state; ``slapo.load_checkpoint(model, dir)`` reads either that
+or a directory of the older format, and ``python -m slapo.weights.convert OLD NEW`` converts an
+old directory once and for all.
+
+The older format: :func:`write_legacy_checkpoint` (kept for the converter's and the reader's
+tests) writes each rank's shards (one file per rank, each distinct piece written once) and a
+``manifest.json`` that records, per tensor, its dtype, global shape, tied names and where each
+piece lies (global slice, file, sha256); see :mod:`slapo.weights.checkpoint_format`. Loading
+lets each rank read only the pieces that overlap its own part (from every tensor's
 :class:`~slapo.sharding.ShardSpec`), so TP=2 -> TP=1 -> TP=2 round trips are bit-exact, whatever
 axis either side shards.
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -30,7 +37,7 @@ from .checkpoint_format import (
 )
 from ..errors import CheckpointIOError
 
-__all__ = ["save_checkpoint", "load_checkpoint"]
+__all__ = ["save_checkpoint", "load_checkpoint", "write_legacy_checkpoint"]
 
 
 def _model_of(target: Any, call: str) -> nn.Module:
@@ -57,8 +64,43 @@ def _gather(obj: Any, group, world: int) -> List[Any]:
     return out
 
 
+RETIRED = ("slapo.save_checkpoint is deprecated: it now writes the weights as a DCP training "
+           "state; call slapo.save_training_state(directory, model, optimizer, step=...) "
+           "instead (and python -m slapo.weights.convert OLD NEW for a directory of the older "
+           "manifest.json format)")
+_warned = False
+
+
 def save_checkpoint(model: Any, directory: str, group: Optional[Any] = None) -> str:
-    """Write this rank's shards of ``model`` and (on rank 0) the manifest into ``directory``.
+    """Deprecated: write ``model``'s weights into ``directory`` as a DCP training state
+    (:func:`slapo.save_training_state` with no optimizer, step 0), warning once per process.
+    :func:`load_checkpoint` reads it back at any layout. Every rank must call it.
+
+    Returns:
+        ``directory``.
+
+    Raises:
+        CheckpointIOError: a ``group`` other than the default one (DCP saves over all ranks;
+            call ``slapo.save_training_state``), a tensor still on the meta device.
+    """
+    global _warned
+    from .training_state import save_training_state
+
+    if not _warned:
+        _warned = True
+        warnings.warn(RETIRED, FutureWarning, stacklevel=2)
+    if group is not None and dist.is_initialized() and group is not dist.group.WORLD:
+        raise CheckpointIOError("a process group other than the default one was given",
+                                call="save_checkpoint", hint="save over all ranks with "
+                                "slapo.save_training_state(directory, model)")
+    save_training_state(directory, _model_of(model, "save_checkpoint"))
+    return directory
+
+
+def write_legacy_checkpoint(model: Any, directory: str, group: Optional[Any] = None) -> str:
+    """Write this rank's shards of ``model`` and (on rank 0) the manifest into ``directory``,
+    in the older format that :func:`load_checkpoint` and ``python -m slapo.weights.convert``
+    still read (new code saves with :func:`slapo.save_training_state`).
 
     Every rank of ``group`` (default: all ranks) must call it. Parameters and persistent buffers
     are saved (like ``state_dict``); a piece held by several ranks (replicated tensors, data
@@ -71,7 +113,7 @@ def save_checkpoint(model: Any, directory: str, group: Optional[Any] = None) -> 
         CheckpointIOError: a tensor is still on the meta device, or a shard spec contradicts its
             tensor's shape.
     """
-    call = "save_checkpoint"
+    call = "write_legacy_checkpoint"
     model = _model_of(model, call)
     rank, world = _dist(group)
     tensors = model_tensors(model)
@@ -157,7 +199,9 @@ def _check_same_tensors(everyone: List[Dict[str, dict]], call: str) -> None:
 
 # ------------------------------------------------------------------------------- loading
 def load_checkpoint(model: Any, directory: str, group: Optional[Any] = None) -> nn.Module:
-    """Load a checkpoint written by :func:`save_checkpoint` into ``model``, resharding as needed.
+    """Load the weights saved by :func:`save_checkpoint` (a DCP state: read by
+    :func:`slapo.load_training_state`) or a directory of the older format (``manifest.json``)
+    into ``model``, resharding as needed.
 
     ``model`` may be sharded differently from the saver (another TP degree or axis); each rank
     copies the overlap of its part with every stored piece. Every rank of ``group`` must call it.
@@ -173,6 +217,12 @@ def load_checkpoint(model: Any, directory: str, group: Optional[Any] = None) -> 
     """
     call = "load_checkpoint"
     model = _model_of(model, call)
+    if not os.path.isfile(os.path.join(directory, MANIFEST)) and os.path.isfile(
+            os.path.join(directory, ".metadata")):
+        from .training_state import load_training_state
+
+        load_training_state(directory, model)
+        return model
     rank, world = _dist(group)
     try:
         copies = _plan_load(model, directory, call)
@@ -249,7 +299,8 @@ def _read_manifest(directory: str, call: str) -> dict:
     path = os.path.join(directory, MANIFEST)
     if not os.path.isfile(path):
         raise CheckpointIOError(f"no {MANIFEST} in '{directory}'", call=call,
-                                hint="pass a directory written by slapo.save_checkpoint")
+                                hint="pass a directory written by slapo.save_training_state "
+                                "(or an older save_checkpoint directory)")
     try:
         with open(path) as f:
             manifest = json.load(f)
@@ -258,7 +309,8 @@ def _read_manifest(directory: str, call: str) -> dict:
                                 hint="the checkpoint is damaged; save it again") from exc
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise CheckpointIOError(f"{path} is not a slapo checkpoint manifest", call=call,
-                                hint="pass a directory written by slapo.save_checkpoint")
+                                hint="pass a directory written by slapo.save_training_state "
+                                "(or an older save_checkpoint directory)")
     if manifest.get("version") != VERSION:
         raise CheckpointIOError(f"checkpoint format version {manifest.get('version')} is not "
                                 f"supported (this slapo reads version {VERSION})", call=call,

@@ -57,8 +57,12 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _describe(t: torch.Tensor, spec: Optional[ShardSpec]) -> Any:
-    """``t`` as DCP should see it: a ``ShardedTensor`` of its regions when sharded."""
+def _describe(t: torch.Tensor, spec: Optional[ShardSpec],
+              copy_back: Optional[List[Any]] = None) -> Any:
+    """``t`` as DCP should see it: a ``ShardedTensor`` of its regions when sharded. A region
+    that is not contiguous in ``t`` (a block of a fused axis other than the first, e.g. GPT-2's
+    ``c_attn`` split along its columns) is handed over as a contiguous copy; when loading,
+    ``(view, copy)`` is appended to ``copy_back`` to be written into ``t`` afterwards."""
     if spec is None or spec.world_size == 1 or not _distributed():
         return t.detach()  # same storage: DCP loads into it in place
     from torch.distributed._shard.metadata import ShardMetadata
@@ -82,6 +86,10 @@ def _describe(t: torch.Tensor, spec: Optional[ShardSpec]) -> Any:
             everyone.append(meta)
             if r == spec.rank:
                 piece = t.detach().narrow(region.axis, region.local_start, region.length)
+                if not piece.is_contiguous():  # ShardedTensor takes contiguous shards only
+                    view, piece = piece, piece.contiguous()
+                    if copy_back is not None:
+                        copy_back.append((view, piece))
                 shards.append(Shard(piece, meta))
     props = TensorProperties(dtype=t.dtype, layout=torch.strided, requires_grad=False,
                              memory_format=torch.contiguous_format, pin_memory=False)
@@ -90,8 +98,9 @@ def _describe(t: torch.Tensor, spec: Optional[ShardSpec]) -> Any:
     return ShardedTensor._init_from_local_shards_and_global_metadata(shards, global_meta)
 
 
-def _model_entries(model: nn.Module) -> Dict[str, Any]:
-    return {mt.names[0]: _describe(mt.tensor, mt.spec) for mt in model_tensors(model)}
+def _model_entries(model: nn.Module, copy_back: Optional[List[Any]] = None) -> Dict[str, Any]:
+    return {mt.names[0]: _describe(mt.tensor, mt.spec, copy_back)
+            for mt in model_tensors(model)}
 
 
 def _param_names(model: nn.Module) -> Dict[int, str]:
@@ -238,7 +247,8 @@ def load_training_state(directory: str, model: nn.Module,
     if meta:
         raise _fail(f"'{meta[0]}' is on the meta device",
                     "build the model (slapo.build) before loading a training state into it")
-    state: Dict[str, Any] = {"model": _model_entries(model)}
+    copy_back: List[Any] = []  # non-contiguous regions loaded into copies
+    state: Dict[str, Any] = {"model": _model_entries(model, copy_back)}
     for mt in model_tensors(model):
         entry = md.get(f"model.{mt.names[0]}")
         if not isinstance(entry, TensorStorageMetadata):
@@ -252,7 +262,8 @@ def load_training_state(directory: str, model: nn.Module,
     if optim_keys and optimizer is None:
         raise _fail(f"'{directory}' holds optimizer state but no optimizer was given",
                     "pass the optimizer (a fresh one is fine)")
-    slots = _optimizer_slots(model, optimizer, optim_keys, md) if optimizer is not None else {}
+    slots = _optimizer_slots(model, optimizer, optim_keys, md,
+                             copy_back) if optimizer is not None else {}
     no_dist = not _distributed()
     head: Dict[str, Any] = {"train": b""}
     dcp.load(head, checkpoint_id=directory, no_dist=no_dist)
@@ -266,6 +277,9 @@ def load_training_state(directory: str, model: nn.Module,
     if rng_key in md and train.get("world_size", 1) == world:  # same ranks: same generators
         state[rng_key] = b""
     dcp.load(state, checkpoint_id=directory, no_dist=no_dist)
+    with torch.no_grad():
+        for view, loaded in copy_back:
+            view.copy_(loaded)
     if optimizer is not None:
         for key, (p, k, holder, _) in slots.items():
             optimizer.state[p][k] = holder if holder is not None else state["optim"][key]
@@ -280,7 +294,7 @@ def load_training_state(directory: str, model: nn.Module,
 
 
 def _optimizer_slots(model: nn.Module, optimizer: torch.optim.Optimizer, keys: List[str],
-                     md: Dict[str, Any]) -> Dict[str, Any]:
+                     md: Dict[str, Any], copy_back: List[Any]) -> Dict[str, Any]:
     """``{key: (param, state name, holder)}``: where each saved optimizer entry goes; tensors
     are allocated like their parameter (and sharded like it), other values are placeholders."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -299,7 +313,7 @@ def _optimizer_slots(model: nn.Module, optimizer: torch.optim.Optimizer, keys: L
         elif tuple(entry.size) == tuple(mt.global_shape) and len(entry.size) > 0:
             # zeros_like: this rank's part (a DTensor for an FSDP2 parameter)
             holder = torch.zeros_like(mt.tensor.detach(), dtype=entry.properties.dtype)
-            out[key] = (mt.tensor, k, holder, _describe(holder, mt.spec))
+            out[key] = (mt.tensor, k, holder, _describe(holder, mt.spec, copy_back))
         else:  # e.g. Adam's step count: replicated
             holder = torch.zeros(tuple(entry.size), dtype=entry.properties.dtype)
             out[key] = (mt.tensor, k, holder, holder)

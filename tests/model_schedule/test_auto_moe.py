@@ -362,9 +362,9 @@ def _delayed_init_checkpoint_worker(ckpt_dir: str) -> None:
         for name, p in model.named_parameters():
             torch.testing.assert_close(to_full(p.detach(), None, expected[name], param=p),
                                        expected[name].detach(), msg=lambda m, n=name: n)
-        slapo.save_checkpoint(model, f"{ckpt_dir}/ep{int(expert_parallel)}")
+        slapo.save_training_state(f"{ckpt_dir}/ep{int(expert_parallel)}", model)
         plain, _ = slapo.build(slapo.create_schedule(AutoModelForCausalLM.from_config(config)))
-        slapo.load_checkpoint(plain, f"{ckpt_dir}/ep{int(expert_parallel)}")
+        slapo.load_training_state(f"{ckpt_dir}/ep{int(expert_parallel)}", plain)
         for name, p in plain.named_parameters():
             torch.testing.assert_close(p, expected[name], msg=lambda m, n=name: n)
 

@@ -1,4 +1,6 @@
-"""Sharded checkpoints: manifest, resharding round trips, refusal of bad checkpoints."""
+"""The older checkpoint format (``manifest.json``), still read: manifest, resharding round trips,
+refusal of bad checkpoints; ``slapo.save_checkpoint`` is a deprecated wrapper that warns once and
+writes a DCP state, which ``load_checkpoint`` reads at another layout."""
 
 import json
 import os
@@ -11,6 +13,7 @@ import slapo
 from slapo.weights.delayed_init import materialize
 from slapo.sharding import get_shard_spec
 from slapo.testing import MLP, run_distributed, tiny_model
+from slapo.weights.checkpoint_io import write_legacy_checkpoint
 
 
 def gpt2(seed=0, meta=True):
@@ -30,7 +33,7 @@ def assert_same(model, state):
 
 def test_single_process_round_trip_and_manifest(tmp_path):
     src = gpt2(seed=0)
-    path = slapo.save_checkpoint(src, str(tmp_path))
+    path = write_legacy_checkpoint(src, str(tmp_path))
     manifest = json.load(open(path))
     assert manifest["format"] == "slapo-checkpoint" and manifest["version"] == 1
     assert manifest["world_size"] == 1 and list(manifest["files"]) == ["rank-00000-of-00001.pt"]
@@ -55,7 +58,7 @@ def _corrupt_bytes(path, needle: bytes):
 def test_bad_checkpoints_are_refused_and_nothing_is_loaded(tmp_path):
     src = MLP()
     good = str(tmp_path / "good")
-    slapo.save_checkpoint(src, good)
+    write_legacy_checkpoint(src, good)
     fname = os.path.join(good, "rank-00000-of-00001.pt")
     raw = open(fname, "rb").read()
     manifest = open(os.path.join(good, "manifest.json")).read()
@@ -108,17 +111,17 @@ def test_bad_checkpoints_are_refused_and_nothing_is_loaded(tmp_path):
     with slapo.init_empty_weights():
         meta = MLP()
     with pytest.raises(slapo.CheckpointIOError, match="meta device.*Hint: build"):
-        slapo.save_checkpoint(meta, str(tmp_path / "x"))
+        write_legacy_checkpoint(meta, str(tmp_path / "x"))
     with pytest.raises(slapo.CheckpointIOError, match="meta device"):
         slapo.load_checkpoint(meta, good)
     with pytest.raises(slapo.CheckpointIOError, match="expected a model"):
-        slapo.save_checkpoint(3, good)
+        write_legacy_checkpoint(3, good)
 
 
 def test_tie_mismatch_is_refused(tmp_path):
     untied = gpt2()
     untied.lm_head.weight = nn.Parameter(untied.lm_head.weight.detach().clone())
-    slapo.save_checkpoint(untied, str(tmp_path))
+    write_legacy_checkpoint(untied, str(tmp_path))
     with pytest.raises(slapo.CheckpointIOError, match="ties .* stores .* separately"):
         slapo.load_checkpoint(gpt2(), str(tmp_path))
 
@@ -153,12 +156,12 @@ def _round_trip(tmp):
     a, b = os.path.join(tmp, "tp2"), os.path.join(tmp, "tp1")
     src = _tp_gpt2("col")
     saved = _local(src)
-    slapo.save_checkpoint(src, a)  # TP=2
+    write_legacy_checkpoint(src, a)  # TP=2
     solo = dist.new_group([0])
     if rank == 0:  # TP=1 in a world of one: load, save again
         full = gpt2(seed=9)
         slapo.load_checkpoint(full, a, group=solo)
-        slapo.save_checkpoint(full, b, group=solo)
+        write_legacy_checkpoint(full, b, group=solo)
     dist.barrier()
     out = {}
     for tag, layout in (("same", "col"), ("other_axes", "alt")):
@@ -209,3 +212,54 @@ def test_tp2_to_tp1_to_tp2_round_trip_is_bit_exact(tmp_path):
     assert manifest["world_size"] == 2 and len(manifest["files"]) == 2
     c_fc = manifest["tensors"]["transformer.h.0.mlp.c_fc.weight"]["pieces"]
     assert [(p["axis"], p["start"], p["length"]) for p in c_fc] == [(1, 0, 32), (1, 32, 32)]
+
+
+# ------------------------------------------------------- the deprecated save_checkpoint wrapper
+def test_save_checkpoint_warns_once_and_writes_a_dcp_state(tmp_path):
+    import warnings
+
+    import slapo.weights.checkpoint_io as io
+
+    io._warned = False  # another test of this process may have warned already
+    src = gpt2(seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert slapo.save_checkpoint(src, str(tmp_path / "a")) == str(tmp_path / "a")
+        slapo.save_checkpoint(src, str(tmp_path / "b"))
+    retired = [w for w in caught if issubclass(w.category, FutureWarning)]
+    assert len(retired) == 1, [str(w.message) for w in caught]
+    message = str(retired[0].message)
+    assert "save_training_state" in message and "python -m slapo.weights.convert" in message
+    assert "\n" not in message
+    # new saves go through DCP: no manifest.json, a .metadata that load_training_state reads
+    assert sorted(os.listdir(tmp_path / "a")) == [".metadata", "__0_0.distcp"]
+    dst = gpt2(seed=1)
+    assert not torch.equal(dst.transformer.wte.weight, src.transformer.wte.weight)
+    slapo.load_checkpoint(dst, str(tmp_path / "a"))
+    assert_same(dst, snapshot(src))
+    other = gpt2(seed=2)
+    assert slapo.load_training_state(str(tmp_path / "b"), other).step == 0
+    assert_same(other, snapshot(src))
+
+
+def _wrapper_reshards(tmp):
+    """A TP=2 model saved through the wrapper loads into TP=2 with other axes."""
+    path = os.path.join(tmp, "tp2")
+    src = _tp_gpt2("col")
+    slapo.save_checkpoint(src, path)
+    dst = _tp_gpt2("alt")
+    for p in dst.parameters():
+        p.data.zero_()
+    slapo.load_checkpoint(dst, path)
+    ref = gpt2(seed=5)
+    params = dict(dst.named_parameters(remove_duplicate=False))
+    bad = []
+    for n, t in dst.state_dict().items():
+        spec = get_shard_spec(params[n]) if n in params else None
+        if not torch.equal(t, spec.slice_of(ref.state_dict()[n]) if spec else ref.state_dict()[n]):
+            bad.append(n)
+    return bad
+
+
+def test_wrapper_state_reshards_on_two_ranks(tmp_path):
+    assert run_distributed(_wrapper_reshards, 2, str(tmp_path), timeout=180) == [[], []]

@@ -13,6 +13,7 @@ import torch
 import slapo
 from slapo.model_schedule import apply_schedule
 from slapo.testing import example_inputs, run_distributed, tiny_model
+from slapo.weights.checkpoint_io import write_legacy_checkpoint
 
 STEPS, STOP = 4, 2
 
@@ -115,7 +116,7 @@ def test_old_checkpoint_converts_with_one_command(tmp_path):
     import sys
 
     src = gpt2(seed=1)
-    slapo.save_checkpoint(src, str(tmp_path / "old"))
+    write_legacy_checkpoint(src, str(tmp_path / "old"))
     cmd = [sys.executable, "-m", "slapo.weights.convert", str(tmp_path / "old"),
            str(tmp_path / "new"), "--step", "7"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
