@@ -49,7 +49,8 @@ every step.
 
 Stop and resume (:mod:`end2end.driver.resume`): ``--save-every N`` writes the training state
 (DCP) after every N-th step, ``--resume DIR`` continues a run from one: the remaining steps give
-the uninterrupted run's losses, and the row's ``extra.resumed`` says where it resumed from.
+the uninterrupted run's losses, and the row's ``Resumed`` column (``from step k``) and
+``extra.resumed`` say that and where it resumed.
 
 Pipelines (``--pp P`` > 1; :mod:`end2end.driver.pipeline_plan`): ``slapo`` (torch pipeline dialect)
 and ``slapo-deepspeed`` (DeepSpeed ``PipelineModule``) cut the model's layers into ``P`` even stages
@@ -262,8 +263,8 @@ def _train(runner, batch, spec, args: argparse.Namespace, memory, env,
     from end2end.driver.resume import Checkpointer
 
     params = all_reduce_float(local_parameters(runner.model), "max")
-    states = Checkpointer(args)
-    done = states.restore(runner, extra)  # steps a resumed run already has
+    states = Checkpointer(args, spec)
+    done = states.restore(runner, extra, spec.warmup + spec.steps)  # steps already done
     memory.start()
     maybe_inject_fault(env.rank)
     losses, warmup_times = [], []
@@ -361,6 +362,7 @@ def _write_row(args, spec, run_id: int, rank: int, status: str, error: str,
                values: Dict[str, Any], extra: Dict[str, Any], start: float) -> int:
     """Rank 0 (ok) or the first failing rank appends the row; returns the exit status."""
     from end2end.results.environment import env_dump
+    from end2end.driver.resume import resumed_cell
     from end2end.results.store import ResultRow, append_result, env_columns
 
     if spec is None:  # the arguments themselves are invalid: nothing to key a row by
@@ -374,8 +376,8 @@ def _write_row(args, spec, run_id: int, rank: int, status: str, error: str,
     extra.update(loadavg_end=list(os.getloadavg()), wall_s=round(time.time() - start, 2),
                  hostname=env_info.get("hostname", ""))
     row = ResultRow.from_spec(spec, status, time=_now(), error=error, extra=extra,
-                              dtype=spec.dtype, steps=spec.steps, **values,
-                              **env_columns(env_info))
+                              dtype=spec.dtype, steps=spec.steps, resumed=resumed_cell(extra),
+                              **values, **env_columns(env_info))
     append_result(args.results, row, env_info)
     if status == "ok":
         _log().info("%s: %.3f samples/s, step %.3f s, %.3f GB/rank, MFU %.3f", spec.label,

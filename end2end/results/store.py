@@ -4,12 +4,14 @@ The TSV keeps the artifact's 11 columns first (so its plot scripts still read it
 
     Impl Model Seq DecSeq nGPU Batch Ckpt PerGPUParam Thrpt PerGPUMem PerGPUTFLOPS
     Status MFU StepTime PeakTFLOPS GitCommit Torch Transformers DeepSpeed MegatronCore Device
-    World TP PP DP Dtype Steps Time Error Knobs Repeat Machine
+    World TP PP DP Dtype Steps Time Error Knobs Repeat Machine Resumed
 
 Units: PerGPUParam in millions, Thrpt samples/s (all ranks), PerGPUMem GB (peak per rank),
 PerGPUTFLOPS model TFLOP/s per rank, MFU a fraction of PeakTFLOPS (the GEMM rate measured in the
 same run), StepTime seconds, Machine whether the machine was quiet while the run was measured
-(``quiet (...)``/``busy (...)`` from :mod:`end2end.sweep.quiet`, ``""`` when not watched). A
+(``quiet (...)``/``busy (...)`` from :mod:`end2end.sweep.quiet`, ``""`` when not watched),
+Resumed ``from step K`` for a run continued from a saved state (``--resume``; its Steps are the
+run's, of which it trained those after K), ``""`` for an uninterrupted one. A
 run that did not produce a throughput is still a row: ``Status`` is
 ``oom``/``fail``/``timeout``/``skipped`` with the reason in ``Error`` and ``na`` metrics — never
 a silent zero. The file starts with ``#`` lines holding the environment dump (JSON).
@@ -50,7 +52,7 @@ ARTIFACT_COLUMNS = ("Impl Model Seq DecSeq nGPU Batch Ckpt PerGPUParam Thrpt Per
                     "PerGPUTFLOPS").split()
 EXTRA_COLUMNS = ("Status MFU StepTime PeakTFLOPS GitCommit Torch Transformers DeepSpeed "
                  "MegatronCore Device World TP PP DP Dtype Steps Time Error Knobs Repeat "
-                 "Machine").split()
+                 "Machine Resumed").split()
 COLUMNS = tuple(ARTIFACT_COLUMNS + EXTRA_COLUMNS)
 STATUSES = ("ok", "oom", "fail", "timeout", "skipped", "sim", "sim-oom")
 # rows predicted by ``python -m end2end.simulate`` (docs/simulate.md), never measured ones
@@ -100,6 +102,7 @@ class ResultRow:
     knobs: str = ""
     repeat: int = 0
     machine: str = ""  # "quiet (...)"/"busy (...)": the sweep's watch (end2end.sweep.quiet)
+    resumed: str = ""  # "from step K": continued from a saved state (end2end.driver.resume)
     extra: Dict[str, Any] = field(default_factory=dict)  # JSON twin only (breakdowns, logs)
 
     @classmethod
@@ -239,8 +242,8 @@ def rollback(path: Union[str, Path], to: Mark) -> bool:
 
 def _writable_columns(path: Path, columns: Tuple[str, ...], row: ResultRow) -> Tuple[str, ...]:
     """The columns to write ``row`` into an existing file: its own, when they are ours up to
-    columns added later (``Knobs``, ``Repeat``, ``Machine``) and the row leaves those at their
-    defaults."""
+    columns added later (``Knobs``, ``Repeat``, ``Machine``, ``Resumed``) and the row leaves
+    those at their defaults."""
     if columns == COLUMNS:
         return columns
     missing = _FIELDS[len(columns):]

@@ -26,7 +26,10 @@ One benchmark case per line (whitespace separated, shell-style quotes)::
   ``warmup``, ``dtype`` (fp32/fp16/bf16), ``tp``, ``pp``, ``micro_batch`` (multi-node layouts;
   default: the artifact's, see :attr:`RunSpec.parallel_sizes`), ``knobs`` (model-schedule
   knobs of the Slapo modes, the rest of the pragma: ``#@ knobs=shard_embedding=False``; an
-  empty ``#@ knobs=`` drops them; see :mod:`end2end.spec.knobs`); ``#@ reset`` clears them all.
+  empty ``#@ knobs=`` drops them; see :mod:`end2end.spec.knobs`), ``save_every`` and ``resume``
+  (the driver's ``--save-every N`` / ``--resume DIR``: each run saves into, and resumes from, its
+  own ``<results>.state/<run>`` directory, :mod:`end2end.driver.resume`); ``#@ reset`` clears
+  them all.
 
 Errors name the place: ``cpu.cfg:7: CKPT 'half' is not valid for mode 'slapo'. Hint: ...``.
 """
@@ -58,7 +61,8 @@ __all__ = [
 ]
 
 FIELDS = "MODE MODEL GPUS SEQ_LEN DEC_SEQ_LEN BATCH_SIZE CKPT"
-OPTION_KEYS = ("steps", "warmup", "dtype", "tp", "pp", "micro_batch", "knobs")
+OPTION_KEYS = ("steps", "warmup", "dtype", "tp", "pp", "micro_batch", "knobs", "save_every",
+               "resume")
 DTYPES = tuple(_DTYPE_NAMES)  # fp32 fp16 bf16
 
 
@@ -152,6 +156,11 @@ def _parse_options(text: str, source: str, options: Dict[str, object]) -> None:
         if key == "dtype":
             if value not in DTYPES:
                 raise ConfigLineError(source, f"dtype {value!r} is not one of {DTYPES}")
+            options[key] = value
+        elif key == "resume":
+            if not value:
+                raise ConfigLineError(source, "resume= names no directory",
+                                      hint="write #@ resume=DIR (a --save-every directory)")
             options[key] = value
         elif key == "knobs":  # the rest of the line: knobs=a=1,b=x (empty: reset)
             try:

@@ -93,6 +93,8 @@ class RunSpec:
     micro_batch: Optional[int] = field(default=None, compare=False)
     knobs: str = ""
     repeat: int = 0
+    save_every: Optional[int] = field(default=None, compare=False)
+    resume: Optional[str] = field(default=None, compare=False)
 
     @property
     def key(self) -> Tuple:
@@ -191,4 +193,7 @@ class RunSpec:
                 args += [name, str(value)]
         for item in filter(None, self.knobs.split(",")):
             args += ["--knob", item]
+        for name, value in (("--save-every", self.save_every), ("--resume", self.resume)):
+            if value is not None:
+                args += [name, str(value)]
         return args + (["--repeat", str(self.repeat)] if self.repeat else [])

@@ -132,3 +132,16 @@ def test_a_pipelined_line_is_another_run_than_the_default_layout(tmp_path):
     append_result(path, _ok(piped, 8.0), ENV)
     assert pending_runs([default, piped], path) == []
     assert [r.key for r in read_results(path).rows] == [default.key, piped.key]
+
+
+def test_resumed_column_round_trips(tmp_path):
+    path = tmp_path / "res.tsv"
+    runs = _runs()
+    append_result(path, _ok(runs[0], 1.0), ENV)
+    row = _ok(runs[1], 2.0)
+    row.resumed = "from step 10"
+    append_result(path, row, ENV)
+    header = path.read_text().splitlines()[2].split("\t")
+    assert header[-1] == "Resumed" and "Resumed" in COLUMNS
+    first, resumed = read_results(path).rows
+    assert first.resumed == "" and resumed.resumed == "from step 10"

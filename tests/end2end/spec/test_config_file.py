@@ -162,3 +162,21 @@ def test_make_run_spec_for_the_driver():
     assert spec.cli_args()[-2:] == ["--steps", "8"]
     with pytest.raises(ConfigLineError, match="<command line>:1: .*not valid for mode 'eager'"):
         make_run_spec("eager", "cpu/bert", 1, 128, 0, 4, "0.5")
+
+
+def test_save_every_and_resume_pragmas_reach_the_driver():
+    text = ["#@ save_every=2 resume=results/r.tsv.state", "slapo gpt2 1 128 0 4 0",
+            "#@ reset", "slapo gpt2 2 128 0 4 0"]
+    first, second = expand(parse_lines(text, "s.cfg"))
+    assert (first.save_every, first.resume) == (2, "results/r.tsv.state")
+    args = first.cli_args()
+    assert args[args.index("--save-every") + 1] == "2"
+    assert args[args.index("--resume") + 1] == "results/r.tsv.state"
+    assert "--save-every" not in second.cli_args() and "--resume" not in second.cli_args()
+    assert first.key == make_run_spec("slapo", "gpt2", 1, 128, 0, 4, "0").key  # not in the key
+    assert RunSpec.from_json(first.to_json()) == first and RunSpec.from_json(
+        first.to_json()).resume == first.resume
+    with pytest.raises(ConfigLineError, match="s.cfg:1: save_every is 0"):
+        parse_lines(["#@ save_every=0"], "s.cfg")
+    with pytest.raises(ConfigLineError, match="s.cfg:1: resume= names no directory"):
+        parse_lines(["#@ resume="], "s.cfg")
