@@ -86,6 +86,23 @@ def _kind(func) -> str:
     return name
 
 
+class _ShadowScope:
+    """Stands in for ``ShardingPropagator._fake_mode_lock`` while a step is recorded: enters the
+    original lock and marks the recorder as inside DTensor's metadata propagation."""
+
+    def __init__(self, recorder: "StepRecorder", lock: Any) -> None:
+        self.recorder, self.lock = recorder, lock
+
+    def __enter__(self):
+        self.lock.__enter__()
+        self.recorder.shadow += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.recorder.shadow -= 1
+        return self.lock.__exit__(*exc)
+
+
 class StepRecorder(TorchDispatchMode):
     """Records ops and collectives (see the module docstring); ``phase`` is set by the caller
     for the optimizer step, and read from autograd for the backward."""
@@ -111,6 +128,7 @@ class StepRecorder(TorchDispatchMode):
         # and what a runtime allocated before the step outside the model's state (DDP's
         # gradient buckets, caches); see :meth:`untracked_bytes`
         self.preexisting: Dict[int, int] = {}
+        self.shadow = 0  # > 0 inside DTensor's sharding propagation (see __enter__)
 
     def __enter__(self):
         # FSDP2 frees and re-allocates its unsharded parameters by resizing their storages
@@ -124,10 +142,22 @@ class StepRecorder(TorchDispatchMode):
             return out
 
         torch.UntypedStorage.resize_ = resize_
+        # DTensor derives an op's output metadata by running the op once on fake tensors of the
+        # GLOBAL shapes, inside ``ShardingPropagator._fake_mode_lock`` (a replaceable context,
+        # nullcontext by default); under the simulation's fake mode those shadow ops reached
+        # the recorder as if the rank computed and allocated them (FSDP2's AdamW step counted
+        # the unsharded model three times over). They are not the rank's work: pass them by.
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        self._lock = ShardingPropagator._fake_mode_lock
+        ShardingPropagator._fake_mode_lock = _ShadowScope(self, self._lock)
         return super().__enter__()
 
     def __exit__(self, *exc):
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
         torch.UntypedStorage.resize_ = self._resize
+        ShardingPropagator._fake_mode_lock = self._lock
         return super().__exit__(*exc)
 
     def _resized(self, storage) -> None:
@@ -149,6 +179,8 @@ class StepRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.shadow:  # DTensor's metadata propagation on global shapes: no rank's work
+            return func(*args, **kwargs)
         if any(_is_dtensor_type(t) for t in types):  # DTensor (TP, FSDP2's sharded
             return NotImplemented  # parameters): record the ops it runs on its local shards
         if func is _SCALAR:  # a known constant (e.g. a size packed into a tensor) reads as

@@ -149,6 +149,33 @@ def test_simulated_peak_is_within_25_percent_of_a_real_run(mode, real):
     assert abs(error) <= 0.25, (memory, real[mode])
 
 
+def _optimizer_phase(mode: str, n: int) -> dict:
+    """Rank 0 of ``mode`` on ``n`` fake ranks of a GPU (multi-tensor AdamW): its memory and the
+    bytes and the largest output of the ops recorded in the optimizer step."""
+    from end2end.spec.layout import run_layout
+    from end2end.simulate.engine.step import simulate_rank
+
+    spec = _spec(mode, n, MODEL + ":heads=16")  # 16 ranks of tensor parallelism too
+    result = simulate_rank(spec, run_layout(spec), 0, gpu=(7, 0))
+    ops = [op for op in result.ops if op.phase == "optimizer"]
+    return dict(memory=result.memory, moved=sum(op.bytes for op in ops), calls=len(ops))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_optimizer_step_works_on_the_local_shards_only(mode):
+    """DTensor derives each op's output metadata by running it once on fake tensors of the
+    global shapes; the recorder must not take those shadow ops for the rank's work. With them,
+    FSDP2's AdamW step on 16 ranks moved and held the whole model several times over (a 13B
+    LLaMA on 64 ranks was predicted at 160 GB per rank)."""
+    got = isolated("tests.end2end.simulate.test_fsdp_dtensor._optimizer_phase", mode, 16)
+    memory = got["memory"]
+    states = memory["param"] + memory["grad"] + memory["optstate"]
+    # AdamW (foreach) passes over its local states about a dozen times, and holds one
+    # temporary (sqrt of the second moments) of the parameters' size, with small ones beside it
+    assert got["calls"] > 0 and got["moved"] <= 16 * memory["optstate"], got
+    assert memory["optimizer_peak"] <= states + memory["buffer"] + 2 * memory["param"], memory
+
+
 def _grouped_mm_cases():
     """``torch._grouped_mm`` in fp32 as a mixture of experts calls it: 2-D x 3-D with offsets
     (tokens sorted by expert), 3-D x 3-D, 2-D x 2-D and 3-D x 2-D with offsets, and a
