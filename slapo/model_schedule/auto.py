@@ -6,7 +6,9 @@ under the real module paths) gets, in three phases:
 
 * **plan**: the plan read as transformers resolves it (:func:`slapo.model_schedule.tp_plan.
   read_plan`), every glob expanded over the model's paths; an entry whose fixed prefix names no
-  module is refused (it would leave its part silently whole);
+  module is refused (it would leave its part silently whole), and so is, under tensor
+  parallelism, a plan whose entries match nothing under a layer list it would leave mostly
+  whole (``tp_plan.check_coverage``: a renamed attention or MLP inside the layers);
 * **check** (nothing has changed yet; a refused model is exactly the model passed in): every
   style and the module it names, head and kv-head counts, unnamed parameters inside TP
   regions, experts and routers (``tp_plan.check_plan``), the vocab-parallel embedding(s) and
@@ -157,6 +159,8 @@ def schedule_auto(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
     base = entries[0].glob.partition(".*.")[0].rpartition(".")[0] if entries else ""
     final_norm = C.join(base, "norm")
     # check (nothing has changed yet)
+    if mode.tp:
+        P.check_coverage(sch.mod, plan, entries)
     P.check_plan(sch, entries, cfg, mode, expert_parallel=expert_parallel)
     attentions = attentions_to_replace(sch, cfg, entries)  # kv heads: check_plan's
     rest = [e for e in entries if e.path.rpartition(".")[0] not in attentions]

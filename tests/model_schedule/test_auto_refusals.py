@@ -45,6 +45,15 @@ def assert_same(before: Dict[str, Any], after: Dict[str, Any]) -> None:
         assert old[:2] == new[:2] and torch.equal(old[2], new[2]), old[0]
 
 
+def _renamed_llama_plan() -> Dict[str, str]:
+    """LLaMA's plan with its attention and MLP renamed (``attn``, ``feed_forward``): every layer
+    entry matches nothing under the existing ``layers`` list (past ``check_plan_paths``)."""
+    from transformers import LlamaConfig
+
+    return {g.replace("self_attn.", "attn.").replace("mlp.", "feed_forward."): s
+            for g, s in LlamaConfig.base_model_tp_plan.items()}
+
+
 # (family, overrides of the tiny config, knobs, what the error says)
 REFUSALS = (
     ("llama", {"num_attention_heads": 6, "num_key_value_heads": 3, "hidden_size": 96}, {},
@@ -60,6 +69,11 @@ REFUSALS = (
     # level down too (output_projection.o_proj): still inside the TP region
     ("neomme:masked", {}, {}, r"\['alpha'\] inside the tensor-parallel region "
      r"'model\.layers\.0\.self_attn'"),
+    # the plan's layer entries name modules the layers do not have: only the embedding and
+    # head would be sharded; refused, naming the entries and the whole modules of their name
+    ("llama", {"base_model_tp_plan": _renamed_llama_plan()}, {},
+     r"shard only 0% of the parameters of 'model\.layers'.*'model\.layers\.\*\.attn\.q_proj: "
+     r"colwise' \(whole: model\.layers\.\*\.self_attn\.q_proj\)"),
 )
 
 
@@ -166,3 +180,26 @@ def test_head_tied_to_a_whole_embedding_stays_whole_tp2():
     and leave its lookups partial, so the head stays whole with it."""
     assert run_distributed(_tied_head_stays_whole_with_its_embedding, 2,
                            timeout=300) == ["model", "model"]
+
+
+def test_coverage_tells_renamed_modules_from_unused_layer_kinds():
+    """``tp_plan.check_coverage`` (run by auto under TP, before any change): the renamed plan is
+    refused; unmatched entries of a layer kind the config does not use are not (Flint's dense
+    config: expert entries unmatched, attention without entries, 50 % whole; MuseSpark's dense
+    ``mlp.*`` entries beside a MoE ``mlp`` whose attention has a ``gate_proj`` of its own)."""
+    from slapo.model_schedule.tp_plan import check_coverage, layer_coverage, resolve_plan
+
+    warnings.filterwarnings("ignore")
+    model = tiny_plan_model("llama", base_model_tp_plan=_renamed_llama_plan())
+    plan = read_plan(model)
+    [cov] = layer_coverage(model, plan, resolve_plan(model, plan))
+    assert cov.fraction == 0 and len(cov.unmatched) == len(cov.misaddressed) == 7
+    with pytest.raises(ConfigError, match=r"attn\.k_proj: colwise' \(whole: .* and 4 more"):
+        check_coverage(model, plan, resolve_plan(model, plan))
+    for family, head, fraction in (("flint", "causal", 0.497), ("muse_spark", "image_text", 0.247)):
+        model = tiny_plan_model(family, head=head)
+        plan = read_plan(model)
+        [cov] = layer_coverage(model, plan, resolve_plan(model, plan))
+        assert cov.unmatched and not cov.misaddressed, (family, cov.misaddressed)
+        assert cov.fraction == pytest.approx(fraction, abs=1e-3), (family, cov.fraction)
+        check_coverage(model, plan, resolve_plan(model, plan))

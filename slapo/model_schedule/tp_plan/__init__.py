@@ -15,6 +15,8 @@ relative to the base model, e.g. ``layers.*.self_attn.q_proj: colwise``) and the
   ``ConfigError`` naming the entry (glob and style) and why (:data:`REFUSED`); an unknown
   style is an error too; head counts the TP size does not divide; parameters the plan does not
   name inside a tensor-parallel region;
+* refuses a plan whose entries match nothing under a layer list it would leave mostly whole
+  (:mod:`.coverage`: :func:`check_coverage`; a renamed attention or MLP inside the layers);
 * applies it (:mod:`.apply`: :func:`apply_plan`) and reports what stays whole
   (:func:`report_unsharded`).
 
@@ -66,6 +68,7 @@ one ``warnings.warn`` and ``sch.metadata["tp_plan_unsharded"]`` on the root (``e
 from ...primitives.all_reduce_grads import AllReduceGrads
 from .apply import apply_plan, check_plan, report_unsharded, unsharded_modules
 from .checks import check_heads, check_styles, cover_regions, group_columns, region_params
+from .coverage import LayerCoverage, check_coverage, layer_coverage
 from .plan import (PlanEntry, check_plan_paths, plan_error, prefix_of, read_plan,
                    resolve_plan)
 from .styles import (EXPERTS_STYLE, REFUSED, STYLES, AllReduceOutput, Colwise, Embedding,
@@ -83,4 +86,4 @@ __all__ = ["PlanEntry", "read_plan", "resolve_plan", "plan_error", "apply_plan",
            "AllReduceOutput", "Replicate", "Experts", "check_styles", "check_heads",
            "group_columns", "cover_regions", "unsharded_modules", "report_unsharded",
            "plain_embedding", "plain_linear", "AllReduceGrads", "check_plan", "check_plan_paths",
-           "prefix_of", "region_params"]
+           "prefix_of", "region_params", "LayerCoverage", "layer_coverage", "check_coverage"]
