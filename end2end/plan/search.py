@@ -1,0 +1,199 @@
+"""The search: the space pruned by rules, ranked by the analytical estimate, simulated in that
+order within a time budget, and ranked again by the simulator's predictions.
+
+:func:`plan` is the planner's API (``python -m end2end.plan`` prints what it returns):
+
+1. every candidate (:func:`end2end.plan.space.enumerate_space`), pruned by the rules;
+2. the survivors ordered by the estimate (:mod:`end2end.plan.estimate`): those estimated to
+   fit first, then by estimated samples/s. The estimate cannot tell a Slapo mode from its
+   baseline (the same layout estimates the same), so the simulation queue first takes the
+   best-estimated :data:`PER_MODE_FIRST` candidates of every mode, round robin, then the rest in
+   estimate order;
+3. simulations (:mod:`end2end.plan.predict`, ``jobs`` at a time) until the queue is empty,
+   ``max_candidates`` are simulated, or the next one would overrun ``budget_s``. A candidate
+   predicted out of memory prunes, unsimulated, every candidate of its mode and layout that
+   holds as much or more: the same or a larger micro-batch and no more recomputation;
+4. the simulated candidates ranked: those predicted to fit, by predicted samples/s.
+
+The space is enumerated whole and each point is cheap to estimate, so the analytical model
+plays the part a model-based sampler (Optuna's TPE, ``slapo.autotune``) would learn over many
+trials: with a simulation costing a minute, the budget holds tens of trials, too few to learn
+from.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+from slapo.errors import ConfigError
+
+from end2end.models import get_model_spec
+from end2end.plan.cluster import Cluster
+from end2end.plan.estimate import estimate_memory, estimate_seconds
+from end2end.plan.predict import Prediction, predict, reduced_models, simulate_cached
+from end2end.plan.shapes import with_size
+from end2end.plan.space import PLANNED_MODES, Candidate, Space, ckpt_fraction, enumerate_space
+
+__all__ = ["Evaluated", "PlanResult", "plan", "PER_MODE_FIRST", "DEFAULT_CACHE",
+           "default_batch", "resolve_model"]
+
+PER_MODE_FIRST = 2
+DEFAULT_CACHE = Path.home() / ".cache" / "slapo" / "plan"
+
+
+@dataclass
+class Evaluated:
+    """A candidate with its estimate and (once simulated) its prediction."""
+
+    candidate: Candidate
+    estimate: Dict[str, float]
+    estimated_gb: float
+    prediction: Optional[Prediction] = None
+
+
+@dataclass
+class PlanResult:
+    """What :func:`plan` found (``ranked``: simulated candidates, best first)."""
+
+    model: str
+    cluster: Cluster
+    seq: int
+    batch: int
+    dtype: str
+    space: Space
+    ranked: List[Evaluated]
+    skipped_after_oom: int
+    not_simulated: int
+    simulations: int
+    cached: int
+    wall_s: float
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def fitting(self) -> List[Evaluated]:
+        return [e for e in self.ranked if e.prediction and e.prediction.fits]
+
+    @property
+    def best(self) -> Optional[Evaluated]:
+        return self.fitting[0] if self.fitting else None
+
+    @property
+    def best_baseline(self) -> Optional[Evaluated]:
+        return next((e for e in self.fitting if not e.candidate.is_slapo), None)
+
+
+def default_batch(cluster: Cluster) -> int:
+    """The global batch when none is given: 4 samples per device."""
+    return 4 * cluster.gpus
+
+
+def resolve_model(model: str, seq: int, folder: Path) -> Tuple[str, List[str]]:
+    """``model``, or its shape with ``max_positions`` raised to ``seq`` when the model has fewer
+    positions (a LLaMA-7B at 4096); the notes saying so."""
+    spec = get_model_spec(model)
+    if spec.is_vision or seq <= spec.max_positions:
+        return model, []
+    longer = with_size(model, "max_positions", seq, folder)
+    if longer is None:
+        raise ConfigError(f"model {model!r} has {spec.max_positions} positions, fewer than "
+                          f"--seq {seq}", call="end2end.plan", hint="shorten --seq")
+    return longer, [f"{model} has {spec.max_positions} positions: planned as {longer}"]
+
+
+def _queue(items: List[Evaluated], capacity: float) -> List[Evaluated]:
+    """Simulation order (module docstring, step 2)."""
+    order = sorted(items, key=lambda e: (e.estimated_gb * 1e9 > capacity, e.estimate["total"]))
+    first: List[Evaluated] = []
+    for rank in range(PER_MODE_FIRST):
+        for mode in PLANNED_MODES:
+            of_mode = [e for e in order if e.candidate.mode == mode]
+            if len(of_mode) > rank:
+                first.append(of_mode[rank])
+    return first + [e for e in order if all(e is not f for f in first)]
+
+
+def _dominated_by_oom(cand: Candidate, oom: Candidate) -> bool:
+    return (cand.mode, cand.tp, cand.pp) == (oom.mode, oom.tp, oom.pp) \
+        and cand.micro >= oom.micro and ckpt_fraction(cand.ckpt) <= ckpt_fraction(oom.ckpt)
+
+
+@dataclass
+class _Budget:
+    seconds: float
+    max_candidates: Optional[int]
+    began: float = field(default_factory=time.perf_counter)
+    spent: List[float] = field(default_factory=list)  # wall seconds per simulated candidate
+
+    def allows_another(self) -> bool:
+        if self.max_candidates is not None and len(self.spent) >= self.max_candidates:
+            return False
+        elapsed = time.perf_counter() - self.began
+        guess = max(self.spent) if self.spent else 0.0
+        return elapsed + guess <= self.seconds
+
+
+def _simulate(item: Evaluated, cluster: Cluster, cache: Optional[Path], timeout: float,
+              pool: ThreadPoolExecutor, folder: Path) -> Tuple[int, int]:
+    """Simulate one candidate (its reduced copies in parallel); (simulations, cache hits)."""
+    cand = item.candidate
+    models = reduced_models(cand, folder)
+    futures = [(k, pool.submit(simulate_cached, cand.run_spec(model=name), cluster, cache,
+                               timeout)) for k, name in models]
+    runs = [(k, f.result()) for k, f in futures]
+    item.prediction = predict(cand, runs, cluster)
+    return len(runs), sum(1 for _, v in runs if v.get("_seconds") == 0.0)
+
+
+def _rank_key(e: Evaluated) -> Tuple[bool, float]:
+    p = e.prediction
+    return (True, 0.0) if p is None else (not p.fits, -p.samples_per_s)
+
+
+def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
+         dtype: Optional[str] = None, budget_s: float = 600.0, jobs: int = 2,
+         max_candidates: Optional[int] = None, cache: Optional[Path] = DEFAULT_CACHE,
+         timeout: float = 600.0, modes: Tuple[str, ...] = PLANNED_MODES,
+         progress: Callable[[str], None] = lambda text: None, dec: int = 0) -> PlanResult:
+    """Plan ``model`` on ``cluster`` (module docstring); ``cache=None`` simulates everything."""
+    began = time.perf_counter()
+    folder = cache or Path.home() / ".cache" / "slapo" / "plan"
+    model, notes = resolve_model(model, seq, folder)
+    batch, dtype = batch or default_batch(cluster), dtype or cluster.default_dtype()
+    space = enumerate_space(model, cluster, seq, batch, dtype, dec, modes)
+    if not space.candidates:
+        reasons = "; ".join(f"{k}: {space.examples[k]}" for k in space.pruned)
+        raise ConfigError(f"{model} fits no layout on {cluster.text} at seq {seq}, batch "
+                          f"{batch} ({reasons or 'no candidate'})", call="end2end.plan",
+                          hint="use more or larger devices, a smaller --global-batch or --seq")
+    items = [Evaluated(c, estimate_seconds(c, cluster), estimate_memory(c, cluster) / 1e9)
+             for c in space.candidates]
+    queue, budget = _queue(items, cluster.memory_bytes), _Budget(budget_s, max_candidates)
+    done: List[Evaluated] = []
+    ooms: List[Candidate] = []
+    skipped = sims = hits = 0
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        while queue and budget.allows_another():
+            item = queue.pop(0)
+            if any(_dominated_by_oom(item.candidate, o) for o in ooms):
+                skipped += 1
+                continue
+            t0 = time.perf_counter()
+            n, h = _simulate(item, cluster, cache, timeout, pool, folder)
+            sims, hits = sims + n, hits + h
+            budget.spent.append(time.perf_counter() - t0)
+            done.append(item)
+            p = item.prediction
+            assert p is not None
+            if p.status == "sim-oom":
+                ooms.append(item.candidate)
+            progress(f"[{len(done)}] {item.candidate.label}: {p.status} "
+                     f"{p.samples_per_s:.3g} samples/s, {p.memory_gb:.3g} GB "
+                     f"({time.perf_counter() - t0:.0f} s)")
+    ranked = sorted(done, key=_rank_key)
+    notes += [cluster.note] if cluster.note else []
+    return PlanResult(model, cluster, seq, batch, dtype, space, ranked, skipped, len(queue),
+                      sims, hits, time.perf_counter() - began, notes)

@@ -1,0 +1,219 @@
+"""The candidate space: every (mode, TP, PP, DP, micro-batch, CKPT) the driver can run for a
+model on a cluster, each a valid config line, and the rules that prune it before simulation.
+
+For each mode of :data:`PLANNED_MODES` (the Slapo modes and their baselines, the table of
+modes :mod:`end2end.spec.modes` says what each accepts):
+
+* TP: the divisors of the world that the mode takes (``Mode.tp``: any, the whole world only,
+  or none; a pipeline takes any), at most the GPUs of one node;
+* PP: 1, or the divisors of the world for the modes with a pipeline runtime;
+* DP = world / (TP x PP), which must divide the global batch;
+* the micro-batch: powers of two dividing the replica's batch where the driver runs
+  micro-batches (the megatron modes' gradient accumulation and pipelines), else the whole
+  replica's batch; the global batch = DP x micro x accumulation;
+* CKPT: ``0, 0.5, 1`` (Slapo modes' ratio), ``0, selective, full`` (megatron),
+  ``0, 1`` (HF gradient checkpointing).
+
+Each point is checked by :mod:`end2end.plan.rules` (divisibility, memory lower bound) and then
+by the driver's own checks (``make_run_spec``, ``run_layout``): :func:`enumerate_space` returns
+the survivors and how many each rule pruned.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Dict, List, Tuple
+
+from slapo.errors import SlapoError
+
+from end2end.models import ModelSpec, get_model_spec
+from end2end.plan.cluster import Cluster
+from end2end.plan.rules import divisibility_problem, memory_lower_bound, mode_problem
+from end2end.spec.modes import get_mode
+
+__all__ = ["PLANNED_MODES", "Candidate", "Space", "enumerate_space", "ckpt_choices",
+           "ckpt_fraction"]
+
+#: The modes the planner searches: the Slapo modes first, then their baselines.
+PLANNED_MODES = ("slapo", "slapo-megatron", "slapo-deepspeed", "slapo-fsdp",
+                 "megatron", "deepspeed", "fsdp", "eager")
+MAX_MICRO = 16  # the largest micro-batch tried (a power of two)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the space: a config line at one world size."""
+
+    mode: str
+    model: str
+    n: int
+    seq: int
+    dec: int
+    batch: int
+    ckpt: str
+    dtype: str
+    tp: int
+    pp: int
+    micro: int
+
+    @property
+    def dp(self) -> int:
+        return self.n // (self.tp * self.pp)
+
+    @property
+    def accumulation(self) -> int:
+        """Micro-batches per replica and step (gradient accumulation / pipeline depth)."""
+        return self.batch // (self.dp * self.micro)
+
+    @property
+    def is_slapo(self) -> bool:
+        return get_mode(self.mode).slapo
+
+    @property
+    def gives_micro(self) -> bool:
+        """Whether the line names its micro-batch (megatron modes and pipelines)."""
+        return get_mode(self.mode).framework == "megatron" or self.pp > 1
+
+    @property
+    def pragma(self) -> str:
+        """The ``#@`` line of the run's options."""
+        text = f"#@ dtype={self.dtype} tp={self.tp} pp={self.pp}"
+        return text + (f" micro_batch={self.micro}" if self.gives_micro else "")
+
+    @property
+    def config_line(self) -> str:
+        """``MODE MODEL GPUS SEQ DEC BATCH CKPT`` (shell-quoted as the grammar reads it)."""
+        return shlex.join([self.mode, self.model, str(self.n), str(self.seq), str(self.dec),
+                           str(self.batch), self.ckpt])
+
+    @property
+    def line(self) -> str:
+        """The pragma and the config line: a config file of one run."""
+        return f"{self.pragma}\n{self.config_line}"
+
+    @property
+    def label(self) -> str:
+        """A short name: ``slapo-megatron tp8 pp1 dp4 mb2 ckpt=0.5``."""
+        return (f"{self.mode} tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro} "
+                f"ckpt={self.ckpt}")
+
+    def run_spec(self, model: str = ""):
+        """The driver's validated :class:`RunSpec` (``model``: another name, e.g. the
+        reduced-depth copy); ``ConfigError`` where the driver refuses it."""
+        from end2end.spec.config_file import make_run_spec
+        from end2end.spec.layout import run_layout
+
+        spec = make_run_spec(self.mode, model or self.model, self.n, self.seq, self.dec,
+                             self.batch, self.ckpt, source="end2end.plan", dtype=self.dtype,
+                             tp=self.tp, pp=self.pp,
+                             micro_batch=self.micro if self.gives_micro else None)
+        run_layout(spec)
+        return spec
+
+
+@dataclass
+class Space:
+    """The survivors of the rules and how many points each rule pruned."""
+
+    candidates: List[Candidate]
+    pruned: Counter = field(default_factory=Counter)
+    examples: Dict[str, str] = field(default_factory=dict)  # rule -> one pruned point's reason
+
+    @property
+    def total(self) -> int:
+        return len(self.candidates) + sum(self.pruned.values())
+
+
+def ckpt_choices(mode: str) -> Tuple[str, ...]:
+    """The CKPT values the planner tries for ``mode`` (module docstring)."""
+    kind = get_mode(mode).ckpt
+    return {"ratio": ("0", "0.5", "1"), "megatron": ("0", "selective", "full")}.get(kind,
+                                                                                  ("0", "1"))
+
+
+def ckpt_fraction(ckpt: str) -> float:
+    """The fraction of layers recomputed (``selective``: attention only, counted as 0.1)."""
+    return {"full": 1.0, "selective": 0.1}.get(ckpt, None) or float(ckpt)
+
+
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _layouts(mode: str, n: int) -> List[Tuple[int, int]]:
+    """(TP, PP) pairs the mode's table entry allows on ``n`` ranks."""
+    info = get_mode(mode)
+    pps = _divisors(n) if info.pipeline_enabled else [1]
+    pairs = []
+    for pp in pps:
+        for tp in _divisors(n // pp):
+            if pp > 1 or tp == 1 or info.tp == "any" or (info.tp == "world" and tp == n):
+                pairs.append((tp, pp))
+    return pairs
+
+
+def _micros(mode: str, pp: int, local: int) -> List[int]:
+    if get_mode(mode).framework != "megatron" and pp == 1:
+        return [local]
+    out, m = [], 1
+    while m <= min(local, MAX_MICRO):
+        if local % m == 0:
+            out.append(m)
+        m *= 2
+    return out
+
+
+def _prune(space: Space, rule: str, reason: str, count: int = 1) -> None:
+    space.pruned[rule] += count
+    space.examples.setdefault(rule, reason)
+
+
+def _add_layout(space: Space, spec: ModelSpec, cluster: Cluster, base: dict) -> None:
+    """The micro-batch and CKPT points of one (mode, TP, PP), memory-checked."""
+    mode, tp, pp = base["mode"], base["tp"], base["pp"]
+    dp = cluster.gpus // (tp * pp)
+    if base["batch"] % dp:
+        _prune(space, "batch", f"global batch {base['batch']} not divisible by dp {dp}",
+               len(ckpt_choices(mode)))
+        return
+    local = base["batch"] // dp
+    for micro in _micros(mode, pp, local):
+        for ckpt in ckpt_choices(mode):
+            cand = Candidate(ckpt=ckpt, micro=micro, n=cluster.gpus, **base)
+            need = memory_lower_bound(spec, mode, cand.dtype, tp, pp, dp, micro, cand.seq,
+                                      ckpt_fraction(ckpt))
+            need = need * (1 + cluster.allocator_overhead) + cluster.reserved_bytes
+            if need > cluster.memory_bytes:
+                _prune(space, "memory", f"{cand.label}: at least {need / 1e9:.1f} GB per rank "
+                       f"> {cluster.memory_bytes / 1e9:.1f} GB")
+                continue
+            try:
+                cand.run_spec()
+            except SlapoError as exc:
+                _prune(space, "driver", f"{cand.label}: {' '.join(str(exc).split())}")
+                continue
+            space.candidates.append(cand)
+
+
+def enumerate_space(model: str, cluster: Cluster, seq: int, batch: int, dtype: str,
+                    dec: int = 0, modes: Tuple[str, ...] = PLANNED_MODES) -> Space:
+    """Every candidate of ``model`` on ``cluster`` (module docstring) and the pruned counts."""
+    spec = get_model_spec(model)
+    space = Space([])
+    for mode in modes:
+        why = mode_problem(spec, mode)
+        if why:
+            _prune(space, "mode", f"{mode}: {why}")
+            continue
+        for tp, pp in _layouts(mode, cluster.gpus):
+            problem = divisibility_problem(spec, tp, pp, cluster.gpus_per_node)
+            if problem:
+                _prune(space, "divisibility", f"{mode} tp{tp} pp{pp}: {problem}",
+                       len(ckpt_choices(mode)))
+                continue
+            base = dict(mode=mode, model=model, seq=seq, dec=dec, batch=batch, dtype=dtype,
+                        tp=tp, pp=pp)
+            _add_layout(space, spec, cluster, base)
+    return space
