@@ -14,6 +14,8 @@ the bottom up:
 * :mod:`end2end.sweep`     sweeps of a config, command lines, processes, progress, locks,
   multi-node;
 * :mod:`end2end.report`    the docs' generated blocks from the committed results;
+* :mod:`end2end.plan`      planning a run: candidate layouts of a model on a cluster, pruned,
+  simulated and ranked, the best as a config line and a launch command;
 * :mod:`end2end.multi_node` the old name of the Figure 8 launcher (``multi_node.launch``);
 * :mod:`end2end.reproduce` every figure and table in one command (``scripts/reproduce.sh``): runs
   the documented commands (the study suites' too, as commands) and writes one page of results.

@@ -15,8 +15,8 @@ other tools read (a validation against published layouts, a measured study).
 """
 
 from end2end.plan.cluster import Cluster, ClusterError, parse_cluster
-from end2end.plan.search import Evaluated, PlanResult, plan
+from end2end.plan.search import Evaluated, PlanResult, SearchOptions, plan
 from end2end.plan.space import Candidate
 
 __all__ = ["Cluster", "ClusterError", "parse_cluster", "plan", "PlanResult", "Evaluated",
-           "Candidate"]
+           "SearchOptions", "Candidate"]

@@ -64,13 +64,14 @@ def run(args: argparse.Namespace) -> int:
     from end2end.plan.cluster import parse_cluster
     from end2end.plan.report import (best_lines, explain_lines, json_text, summary_lines,
                                      table_lines)
-    from end2end.plan.search import plan
+    from end2end.plan.search import SearchOptions, plan
 
     cluster = parse_cluster(args.cluster, args.calibration or None)
-    result = plan(args.model, cluster, args.seq, args.global_batch, args.dtype,
-                  budget_s=args.budget * 60, jobs=args.jobs, max_candidates=args.max_candidates,
-                  cache=Path(args.cache) if args.cache else None, timeout=args.timeout,
-                  progress=log.info, dec=args.dec_seq)
+    options = SearchOptions(args.budget * 60, args.jobs, args.max_candidates,
+                            Path(args.cache) if args.cache else None, args.timeout,
+                            progress=log.info)
+    result = plan(args.model, cluster, args.seq, args.global_batch, args.dtype, args.dec_seq,
+                  options)
     lines = summary_lines(result) + [""] + table_lines(result, args.top) + [""] + \
         best_lines(result)
     for n in args.explain:

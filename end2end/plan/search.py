@@ -38,7 +38,7 @@ from end2end.plan.predict import Prediction, predict, reduced_models, simulate_c
 from end2end.plan.shapes import with_size
 from end2end.plan.space import PLANNED_MODES, Candidate, Space, ckpt_fraction, enumerate_space
 
-__all__ = ["Evaluated", "PlanResult", "plan", "PER_MODE_FIRST", "DEFAULT_CACHE",
+__all__ = ["Evaluated", "PlanResult", "SearchOptions", "plan", "PER_MODE_FIRST", "DEFAULT_CACHE",
            "default_batch", "resolve_model"]
 
 PER_MODE_FIRST = 2
@@ -153,17 +153,31 @@ def _rank_key(e: Evaluated) -> Tuple[bool, float]:
     return (True, 0.0) if p is None else (not p.fits, -p.samples_per_s)
 
 
+@dataclass(frozen=True)
+class SearchOptions:
+    """How :func:`plan` searches: ``budget_s`` seconds of simulation, ``jobs`` simulations at a
+    time, at most ``max_candidates`` simulated, ``cache`` (``None``: simulate everything),
+    ``timeout`` seconds per simulation, the ``modes`` searched, ``progress`` called with a
+    line per simulated candidate."""
+
+    budget_s: float = 600.0
+    jobs: int = 2
+    max_candidates: Optional[int] = None
+    cache: Optional[Path] = DEFAULT_CACHE
+    timeout: float = 600.0
+    modes: Tuple[str, ...] = PLANNED_MODES
+    progress: Callable[[str], None] = field(default=lambda text: None)
+
+
 def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
-         dtype: Optional[str] = None, budget_s: float = 600.0, jobs: int = 2,
-         max_candidates: Optional[int] = None, cache: Optional[Path] = DEFAULT_CACHE,
-         timeout: float = 600.0, modes: Tuple[str, ...] = PLANNED_MODES,
-         progress: Callable[[str], None] = lambda text: None, dec: int = 0) -> PlanResult:
+         dtype: Optional[str] = None, dec: int = 0,
+         options: SearchOptions = SearchOptions()) -> PlanResult:
     """Plan ``model`` on ``cluster`` (module docstring); ``cache=None`` simulates everything."""
-    began = time.perf_counter()
-    folder = cache or Path.home() / ".cache" / "slapo" / "plan"
+    began, o = time.perf_counter(), options
+    folder = o.cache or DEFAULT_CACHE
     model, notes = resolve_model(model, seq, folder)
     batch, dtype = batch or default_batch(cluster), dtype or cluster.default_dtype()
-    space = enumerate_space(model, cluster, seq, batch, dtype, dec, modes)
+    space = enumerate_space(model, cluster, seq, batch, dtype, dec, o.modes)
     if not space.candidates:
         reasons = "; ".join(f"{k}: {space.examples[k]}" for k in space.pruned)
         raise ConfigError(f"{model} fits no layout on {cluster.text} at seq {seq}, batch "
@@ -171,18 +185,18 @@ def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
                           hint="use more or larger devices, a smaller --global-batch or --seq")
     items = [Evaluated(c, estimate_seconds(c, cluster), estimate_memory(c, cluster) / 1e9)
              for c in space.candidates]
-    queue, budget = _queue(items, cluster.memory_bytes), _Budget(budget_s, max_candidates)
+    queue, budget = _queue(items, cluster.memory_bytes), _Budget(o.budget_s, o.max_candidates)
     done: List[Evaluated] = []
     ooms: List[Candidate] = []
     skipped = sims = hits = 0
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, o.jobs)) as pool:
         while queue and budget.allows_another():
             item = queue.pop(0)
             if any(_dominated_by_oom(item.candidate, o) for o in ooms):
                 skipped += 1
                 continue
             t0 = time.perf_counter()
-            n, h = _simulate(item, cluster, cache, timeout, pool, folder)
+            n, h = _simulate(item, cluster, o.cache, o.timeout, pool, folder)
             sims, hits = sims + n, hits + h
             budget.spent.append(time.perf_counter() - t0)
             done.append(item)
@@ -190,7 +204,7 @@ def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
             assert p is not None
             if p.status == "sim-oom":
                 ooms.append(item.candidate)
-            progress(f"[{len(done)}] {item.candidate.label}: {p.status} "
+            o.progress(f"[{len(done)}] {item.candidate.label}: {p.status} "
                      f"{p.samples_per_s:.3g} samples/s, {p.memory_gb:.3g} GB "
                      f"({time.perf_counter() - t0:.0f} s)")
     ranked = sorted(done, key=_rank_key)
