@@ -18,7 +18,9 @@ memory_efficiency)) + kernel_overhead``, where the efficiency depends on the ker
   their backwards): the profile's ``attention_efficiency`` of the kernel kind.
 * any other op with FLOPs (convolutions): ``gemm_efficiency``.
 
-Views cost nothing on the GPU; runtime costs measured on a CPU (:data:`cpu_model.RUNTIME_COSTS`)
+Views and allocations (``empty``, ``empty_like``, ``empty_strided``, ``new_empty``,
+``new_empty_strided``: the caching allocator hands out memory, no kernel runs; PyTorch's
+``aten/src/ATen/native/TensorFactories.cpp`` launches none for them) cost nothing on the GPU; runtime costs measured on a CPU (:data:`cpu_model.RUNTIME_COSTS`)
 are not charged. The host: eager PyTorch issues every kernel from Python (``host_op_s`` per op,
 the profile's), so a phase takes at least its ops x that (:func:`phase_seconds`).
 """
@@ -32,7 +34,7 @@ from typing import Dict, Iterable, Tuple
 from end2end.simulate.cost.cpu_model import RUNTIME_COSTS
 from end2end.simulate.cost.records import OpRecord
 
-__all__ = ["TILES", "GEMM_SHAPED", "gemm_shape", "tile_utilisation", "kernel_efficiency",
+__all__ = ["NO_KERNEL", "TILES", "GEMM_SHAPED", "gemm_shape", "tile_utilisation", "kernel_efficiency",
            "kernel_seconds", "phase_seconds", "ATTENTION_KINDS"]
 
 #: cuBLAS's typical output tiles (NVIDIA's Matrix Multiplication Background guide, section 2.3)
@@ -42,6 +44,9 @@ TILES: Tuple[Tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 
 #: ATen GEMMs whose shape the recorder keeps: name -> positions of (A, B) among the arguments
 GEMM_SHAPED: Dict[str, Tuple[int, int]] = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2),
                                            "baddbmm": (1, 2), "_addmm_activation": (1, 2)}
+
+#: ATen ops that allocate without launching a kernel (module docstring)
+NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 
 #: fused attention ops -> the kernel kind of ``attention_efficiency``
 ATTENTION_KINDS = {"_scaled_dot_product_flash_attention": "flash",
@@ -88,8 +93,9 @@ def kernel_efficiency(op: OpRecord, profile) -> float:
 
 
 def kernel_seconds(op: OpRecord, profile) -> float:
-    """Seconds of one kernel on a GPU profile (0 for views and CPU-measured runtime costs)."""
-    if op.view or op.name in RUNTIME_COSTS:
+    """Seconds of one kernel on a GPU profile (0 for views, allocations and CPU-measured
+    runtime costs)."""
+    if op.view or op.name in RUNTIME_COSTS or op.name in NO_KERNEL:
         return 0.0
     compute = op.flops / (profile.rate(op.dtype) * kernel_efficiency(op, profile)) \
         if op.flops else 0.0

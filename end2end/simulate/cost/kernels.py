@@ -31,6 +31,13 @@ as it is. Slapo's op library, which on a CPU tensor with dropout runs its own ma
 takes the device's kernel too within the mode, as it would on a GPU: the mode selects it through
 the library's public choice, :func:`slapo.op.cpu_dropout_kernel`. The kernels chosen in a run
 are counted (:attr:`GpuAttention.chosen`) and the row's JSON says which.
+
+Dropout too: on a CPU, ``F.dropout`` in training runs ``bernoulli_``, ``div_`` and ``mul`` (a
+random tensor of the input's size and dtype, scaled, multiplied in); on CUDA, ATen's ``dropout``
+takes its fused kernel when ``0 < p < 1`` (``is_fused_kernel_acceptable`` in
+``aten/src/ATen/native/Dropout.cpp``): ``native_dropout``, one kernel writing the output and a
+one-byte mask, whose backward is one multiply. Within the mode, ``F.dropout`` (not in place:
+ATen's in-place ``dropout_`` has no fused path on CUDA either) runs ``native_dropout``.
 """
 
 from __future__ import annotations
@@ -120,6 +127,13 @@ def fused_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
         query, key, value, attn_mask, dropout_p, is_causal, scale=scale)[0]
 
 
+def _dropout(input, p=0.5, training=True, inplace=False):
+    """``F.dropout`` as ATen's ``dropout`` runs it on a CUDA tensor (module docstring)."""
+    if _ACTIVE and training and not inplace and 0 < p < 1 and input.numel() > 0:
+        return torch.native_dropout(input, p, True)[0]
+    return _ORIGINAL_DROPOUT(input, p, training, inplace)
+
+
 def _sdpa(query, *args, **kwargs):
     if query.dim() == 4 and _ACTIVE:
         return _ACTIVE[-1].attention(query, *args, **kwargs)
@@ -127,16 +141,19 @@ def _sdpa(query, *args, **kwargs):
 
 
 _ORIGINAL = F.scaled_dot_product_attention
+_ORIGINAL_DROPOUT = F.dropout
 _ACTIVE: list = []  # the GpuAttention modes entered, innermost last
 
 
 class GpuAttention(TorchFunctionMode):
     """Within: every 4-d ``F.scaled_dot_product_attention`` runs :func:`fused_attention` for a
-    GPU of ``capability`` (``(major, minor)``; default sm80); :attr:`chosen` counts the kernels.
+    GPU of ``capability`` (``(major, minor)``; default sm80); :attr:`chosen` counts the kernels;
+    ``F.dropout`` runs CUDA's fused ``native_dropout`` (module docstring).
 
     A torch-function mode catches every call (fx graphs hold the function itself), but the
     autograd engine does not carry it into the recomputation of ``torch.utils.checkpoint``, so
-    the module attribute ``torch.nn.functional.scaled_dot_product_attention`` is replaced too
+    the module attributes ``torch.nn.functional.scaled_dot_product_attention`` and ``dropout``
+    are replaced too
     (what HF and Slapo's op library call, also when recomputing). A traced graph recomputed
     under checkpointing would still run the CPU kernel there: checkpointing then raises its
     ``CheckpointError`` (a different number of saved tensors), never a silent mix."""
@@ -150,6 +167,7 @@ class GpuAttention(TorchFunctionMode):
 
     def __enter__(self):
         F.scaled_dot_product_attention = _sdpa
+        F.dropout = _dropout
         _ACTIVE.append(self)
         self._slapo = contextlib.ExitStack()
         self._slapo.enter_context(cpu_dropout_kernel(self.attention))
@@ -159,6 +177,7 @@ class GpuAttention(TorchFunctionMode):
         _ACTIVE.remove(self)
         if not _ACTIVE:
             F.scaled_dot_product_attention = _ORIGINAL
+            F.dropout = _ORIGINAL_DROPOUT
         self._slapo.close()
         return super().__exit__(*exc)
 
@@ -166,4 +185,6 @@ class GpuAttention(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is _ORIGINAL and args and args[0].dim() == 4:
             return self.attention(*args, **kwargs)
+        if func is _ORIGINAL_DROPOUT:
+            return _dropout(*args, **kwargs)
         return func(*args, **kwargs)

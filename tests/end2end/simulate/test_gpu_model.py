@@ -132,3 +132,14 @@ def test_a_phase_of_tiny_kernels_is_bound_by_the_host_issuing_them():
     assert phase_seconds(big, V100)["forward"] == pytest.approx(
         3 * kernel_seconds(big[0], V100))
     assert math.isfinite(t)
+
+
+@pytest.mark.parametrize("name", ["empty_like", "empty_strided", "new_empty_strided"])
+def test_an_allocation_launches_no_kernel(name):
+    """``empty_like`` and friends take memory from the caching allocator, and write nothing: on
+    a GPU they cost no kernel time (fake tensors record their outputs' bytes as any op's)."""
+    alloc = OpRecord(0, 2 * 2 ** 30, "float16", "forward", name=name)
+    fill = dataclasses.replace(alloc, name="fill_")
+    assert kernel_seconds(alloc, V100) == 0.0
+    assert kernel_seconds(fill, V100) > 1e-3  # a kernel writing 2 GiB
+    assert phase_seconds([alloc], V100)["forward"] == pytest.approx(V100.host_op_s)

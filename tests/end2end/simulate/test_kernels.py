@@ -78,3 +78,36 @@ def test_the_math_path_keeps_the_scores_and_the_fused_kernels_do_not():
                       (fused_rec, "_scaled_dot_product_efficient_attention")):
         fwd = [op for op in rec.ops if op.name == name]
         assert len(fwd) == 1 and fwd[0].flops > 0, [op.name for op in rec.ops]
+
+
+def _dropout_step(inplace: bool = False, checkpointed: bool = False):
+    """A fp16 tensor through ``F.dropout`` (p 0.1, training) and back, recorded within
+    :class:`GpuAttention` on fake tensors: the ops' names and the bytes they moved."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+
+    def block(x):
+        return F.dropout(x * 2, p=0.1, training=True, inplace=inplace)
+
+    with FakeTensorMode():
+        x = torch.randn(64, 1024, dtype=F16, requires_grad=True)
+        with StepRecorder() as rec, GpuAttention(A100):
+            y = checkpoint(block, x, use_reentrant=False) if checkpointed else block(x)
+            y.sum().backward()
+    return [op.name for op in rec.ops if not op.view], sum(op.bytes for op in rec.ops)
+
+
+def test_dropout_runs_cudas_fused_kernel():
+    """CUDA's ``dropout`` is ATen's ``native_dropout`` (one kernel: the output and a one-byte
+    mask; its backward one multiply), where a CPU draws a random tensor of the input's size and
+    multiplies it in (``bernoulli_``, ``div_``, ``mul``: three times the bytes). In place, CUDA
+    has no fused path either. Recomputed under checkpointing it runs the same kernel (no
+    ``CheckpointError`` from a different set of saved tensors)."""
+    names, moved = _dropout_step()
+    assert "native_dropout" in names and "bernoulli_" not in names, names
+    assert "native_dropout_backward" in names, names
+    _, cpu_moved = _dropout_step(inplace=True)  # the CPU's decomposition, as in place on CUDA
+    assert "bernoulli_" in _dropout_step(inplace=True)[0]
+    assert moved < cpu_moved, (moved, cpu_moved)
+    names, _ = _dropout_step(checkpointed=True)
+    assert names.count("native_dropout") == 2, names  # forward, and again when recomputed
