@@ -51,7 +51,11 @@ class PipelineModel:
         groups: the layout and this rank's pipeline / data-parallel groups.
         optimizer: the optimizer over ``module``'s parameters.
         tp_group: the schedule's tensor-parallel group (``None``: TP 1).
+        config: the model's configuration (a HuggingFace ``config``; ``None`` for others), for
+            :func:`slapo.export_pretrained`.
     """
+
+    config: Any = None
 
     def __init__(self, stages: List[nn.Module], groups: LayoutGroups,
                  optimizer: torch.optim.Optimizer, *, n_microbatches: int, schedule: str,
@@ -195,4 +199,5 @@ def build_torch_pipeline(sch, model: nn.Module, *, optimizer: OptimizerArg,
     runtime = PipelineModel(stages, groups, opt, n_microbatches=n_micro, schedule=schedule,
                             loss_fn=loss_fn or _model_loss, tp_group=sch.group,
                             device=env.device)
+    runtime.config = getattr(model, "config", None)
     return runtime, opt

@@ -8,6 +8,12 @@ the op library's provenance records (:mod:`slapo.provenance`), fused experts
 for the model type stores them, tied weights are written once. Files are size-sharded like
 ``save_pretrained``'s (``model.safetensors``, or ``model-0000i-of-0000n.safetensors`` and
 ``model.safetensors.index.json``), next to the model's ``config.json``.
+
+A pipelined model (``build``'s ``PipelineModel``: each rank holds one stage, whose parameters
+keep their original paths) is gathered stage by stage: the TP rank 0 of each stage of the first
+data-parallel replica converts its stage's tensors (TP shards gathered in the stage's TP group)
+and sends them to rank 0, which writes them in stage order; a weight tied across stages is
+written once.
 """
 
 from __future__ import annotations
@@ -58,8 +64,9 @@ def _full(mt: ModelTensor, group) -> torch.Tensor:
     return spec.join(chunks)
 
 
-def _hf_tensors(model: nn.Module, group) -> Iterator[Tuple[str, torch.Tensor]]:
-    """``(HF key, full tensor)`` for every tensor of ``model``, in the model's order."""
+def _hf_tensors(model: nn.Module, group, merges) -> Iterator[Tuple[str, torch.Tensor]]:
+    """``(HF key, full tensor)`` for every tensor of ``model``, in the model's order
+    (``merges``: the model type's expert merges, :func:`~slapo.weights.hub_plan.conversions`)."""
     tensors = model_tensors(model)
     by_name = {n: mt for mt in tensors for n in mt.names}
     derived = derived_parameters(model)
@@ -67,7 +74,6 @@ def _hf_tensors(model: nn.Module, group) -> Iterator[Tuple[str, torch.Tensor]]:
     for src in derived.values():
         for p in src.params:
             uses[by_name[p].names[0]] = uses.get(by_name[p].names[0], 0) + 1
-    merges = conversions(model)[1]
     cache: Dict[str, torch.Tensor] = {}
     emitted = set()
     for mt in tensors:
@@ -114,8 +120,9 @@ def export_pretrained(target: Any, out_dir: str, *, group: Optional[Any] = None,
     checkpoint that ``AutoModel*.from_pretrained(out_dir)`` loads into the unscheduled model
     class with the same outputs.
 
-    Every rank of ``group`` (default: all ranks) must call it; rank 0 writes. Pipeline-parallel
-    models are not supported (each stage would write only its own layers).
+    Every rank of ``group`` (default: all ranks) must call it; rank 0 writes. A pipelined model
+    (``PipelineModel``) is gathered from its stages (every rank of the world calls it; ``group``
+    must be left out).
 
     Args:
         max_shard_size: the most bytes per safetensors file (int, or a string like ``"5GB"``).
@@ -131,6 +138,13 @@ def export_pretrained(target: Any, out_dir: str, *, group: Optional[Any] = None,
     from ..schedule import Schedule
 
     model = target.mod if isinstance(target, Schedule) else target
+    pipelined = _is_pipeline(model)
+    config_of = model
+    if pipelined:
+        if group is not None:
+            raise CheckpointIOError("a group was given for a pipelined model", call=CALL,
+                                    hint="leave group out: every rank of the world calls it")
+        config_of, model = model, model.module
     if not isinstance(model, nn.Module):
         raise CheckpointIOError(f"expected a model or a Schedule, got {type(target).__name__}",
                                 call=CALL, hint="pass the built model (or its schedule)")
@@ -141,16 +155,50 @@ def export_pretrained(target: Any, out_dir: str, *, group: Optional[Any] = None,
                                 hint="load or initialise the weights (slapo.build) first")
     rank = dist.get_rank(group) if dist.is_available() and dist.is_initialized() else 0
     writer = _Writer(out_dir, limit) if rank == 0 else None
-    for key, value in _hf_tensors(model, group):
+    merges = conversions(config_of)[1]
+    items = _stage_tensors(config_of, merges) if pipelined else _hf_tensors(model, group, merges)
+    for key, value in items:
         if writer is not None:
             if dtype is not None and value.is_floating_point():
                 value = value.to(dtype)
             writer.add(key, value)
     if writer is not None:
-        writer.finish(model)
+        writer.finish(config_of)
     if dist.is_available() and dist.is_initialized():
         dist.barrier(group=group)
     return out_dir
+
+
+def _is_pipeline(model: Any) -> bool:
+    """``build``'s ``PipelineModel`` (one stage per rank), without importing the dialects."""
+    return not isinstance(model, nn.Module) and isinstance(getattr(model, "module", None),
+                                                           nn.Module) and hasattr(model,
+                                                                                  "stage_index")
+
+
+def _stage_tensors(pipeline: Any, merges) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Every stage's ``(HF key, full tensor)`` on rank 0 (in stage order, each key once), nothing
+    on the other ranks. Collective over the world."""
+    from ..pipeline.runner import tied_parameters
+
+    coords = pipeline.groups.coords
+    sends = coords.tp_rank == 0 and coords.replica == 0
+    # a weight tied across stages (GPT-2's lm_head and wte) is written by its first stage only
+    later = {name for tie in tied_parameters(pipeline.stages) for stage, name in tie
+             if stage == coords.stage and stage > min(s for s, _ in tie)}
+    mine = [(k, v.detach().to("cpu").clone())
+            for k, v in _hf_tensors(pipeline.module, pipeline.tp_group, merges) if k not in later]
+    parts: List[Any] = [None] * dist.get_world_size()
+    payload = (coords.stage, mine) if sends else None
+    dist.gather_object(payload, parts if dist.get_rank() == 0 else None, dst=0)
+    if dist.get_rank() != 0:
+        return
+    seen = set()
+    for _, stage in sorted((p for p in parts if p is not None), key=lambda p: p[0]):
+        for key, value in stage:
+            if key not in seen:  # a weight tied across stages (both stages hold it)
+                seen.add(key)
+                yield key, value
 
 
 class _Writer:

@@ -1,7 +1,8 @@
-"""``slapo.export_pretrained``: a scheduled model (renamed, fused, sharded at TP 2 / EP 2) written
-back as a HuggingFace checkpoint that ``from_pretrained`` loads with the same logits, after a
-training step changed the weights; size-sharded files with an index; the stored layout is the
-one ``save_pretrained`` writes (same keys, shapes and, before training, the same bytes)."""
+"""``slapo.export_pretrained``: a scheduled model (renamed, fused, sharded at TP 2 / EP 2, or
+pipelined in 2 stages) written back as a HuggingFace checkpoint that ``from_pretrained`` loads
+with the same logits, after a training step changed the weights; size-sharded files with an
+index; the stored layout is the one ``save_pretrained`` writes (same keys, shapes and, before
+training, the same bytes)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,65 @@ def test_paper_families_load_and_export_on_one_rank(tmp_path):
         slapo.export_pretrained(model, out)
         back = cls.from_pretrained(out).eval()(**data).logits
         torch.testing.assert_close(back, got, **TOL, msg=lambda m, f=family: f"{f} {m}")
+
+
+# ------------------------------------------------------------------------- pipeline stages
+def _pp2_export(tmp: str):
+    """LLaMA and GPT-2 (4 layers) cut into 2 stages by their recipes (op-library attention: a
+    fused qkv; GPT-2's lm_head tied to wte across the stages), loaded from ``tmp/<family>``,
+    exported untrained; LLaMA trained one SGD step and exported again."""
+    import torch.distributed as dist
+    import transformers as tf
+
+    from slapo.testing import example_inputs, tiny_config
+
+    solo, _ = dist.new_subgroups(group_size=1)  # no tensor parallelism: PP 2
+    out = {}
+    for family, cls in (("gpt2", tf.GPT2LMHeadModel), ("llama", tf.LlamaForCausalLM)):
+        layers = {"n_layer" if family == "gpt2" else "num_hidden_layers": 4}
+        with slapo.init_empty_weights():
+            model = cls(tiny_config(family, **layers))
+        sch = apply_schedule(model, family, group=solo, pipeline_cuts=[1],
+                             example_inputs=example_inputs(family, batch=4))
+        slapo.load_pretrained(sch, os.path.join(tmp, family))
+        built, _ = slapo.build(sch, target="torch", n_microbatches=1,
+                               optimizer=lambda p: torch.optim.SGD(p, lr=0.5))
+        dst = os.path.join(tmp, f"{family}-out")
+        slapo.export_pretrained(built, dst + "-untrained", max_shard_size="20KB")
+        out[family] = sorted(n for n, _ in built.named_parameters())
+    out["loss"] = built.train_step(example_inputs("llama", batch=4, seed=1))
+    slapo.export_pretrained(built, dst, max_shard_size="20KB")
+    return out
+
+
+def test_pp2_export_gathers_the_stages(tmp_path):
+    import transformers as tf
+
+    from slapo.testing import example_inputs, tiny_model
+
+    for family, layers in (("gpt2", "n_layer"), ("llama", "num_hidden_layers")):
+        tiny_model(family, seed=3, **{layers: 4}).save_pretrained(str(tmp_path / family))
+    results = run_distributed(_pp2_export, 2, str(tmp_path), timeout=300)
+    for family in ("gpt2", "llama"):
+        held = [set(r[family]) for r in results]
+        assert held[0] and held[1] and not held[0] & held[1] - {"lm_head.weight"}  # one stage
+        # untrained: exactly what save_pretrained wrote (keys, shapes, bytes; tied once)
+        want = stored(str(tmp_path / family))
+        got = stored(str(tmp_path / f"{family}-out-untrained"))
+        assert sorted(got) == sorted(want), family
+        for k, t in want.items():
+            assert torch.equal(got[k], t), (family, k)
+    # trained: from_pretrained gives the logits of the same SGD step on the unpipelined model
+    src, dst = str(tmp_path / "llama"), str(tmp_path / "llama-out")
+    ref = tf.LlamaForCausalLM.from_pretrained(src)
+    loss = ref(**example_inputs("llama", batch=4, seed=1)).loss
+    assert results[0]["loss"] == pytest.approx(loss.item(), rel=1e-5)
+    loss.backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= 0.5 * p.grad
+    probe = example_inputs("llama", batch=2, seed=7)
+    back = tf.LlamaForCausalLM.from_pretrained(dst).eval()(**probe).logits
+    torch.testing.assert_close(back, ref.eval()(**probe).logits, **TOL)
+    index = json.load(open(os.path.join(dst, "model.safetensors.index.json")))
+    assert len(set(index["weight_map"].values())) > 1
