@@ -1,6 +1,7 @@
 """``slapo.load_pretrained``: tiny Hub-format checkpoints (written by ``save_pretrained``) of BERT,
 GPT-2, LLaMA, Qwen3 and Qwen3-MoE load into meta models scheduled by the recipes, at 1 rank and at
-TP 2 (and EP 2 for the experts), with the logits and gradients of ``from_pretrained``'s model;
+TP 2 (and EP 2 for the experts), on 4 ranks (slow) at TP 4 and EP 4, with the logits and
+gradients of ``from_pretrained``'s model;
 bad checkpoints are refused with one line and change nothing."""
 
 from __future__ import annotations
@@ -319,3 +320,52 @@ def test_tp4_matches_from_pretrained(tmp_path):
     for rank, res in enumerate(run_distributed(_tp4, 4, str(tmp_path), cases, timeout=500)):
         for case, diffs in res.items():
             assert max(diffs) < 2e-5, (rank, case, diffs)
+
+
+EP4 = dict(num_key_value_heads=4)  # 4 heads over 4 kv heads: attention at TP 4 beside EP 4
+
+
+def _ep4(path: str):
+    """Qwen3-MoE (4 experts) under the "auto" schedule with expert parallelism over 4 ranks (one
+    whole expert per rank, attention at TP 4), loaded on the meta device from ``path``: the
+    full logits, the word embedding's full gradient and the loss, and the share of the expert
+    weights this rank holds and of the checkpoint's bytes it read."""
+    import transformers as tf
+    from slapo.verification.tools import to_full
+
+    with slapo.init_empty_weights():
+        model = tf.AutoModelForCausalLM.from_config(tiny_plan_config("qwen3_moe", **EP4))
+    sch = apply_schedule(model, "auto", expert_parallel=True)
+    slapo.load_pretrained(sch, path)
+    read = last_read_bytes() / stored_bytes(path)
+    model, _ = slapo.build(sch)
+    out = model(**inputs("qwen3_moe"))
+    out.loss.backward()
+    emb = model.get_input_embeddings().weight
+    experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+    whole = sum(p.numel() for n, p in tiny_plan_model("qwen3_moe", **EP4).named_parameters()
+                if ".experts." in n)
+    like = torch.empty(*out.logits.shape[:-1], 128)
+    return (to_full(out.logits.detach(), None, like=like), to_full(emb.grad, None, emb.grad,
+                                                                    param=emb),
+            out.loss.detach(), experts / whole, read)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("SLAPO_SLOW_TESTS") != "1",
+                    reason="4 ranks: ~1-2 min on 2 shared cores; set SLAPO_SLOW_TESTS=1")
+def test_ep4_moe_matches_from_pretrained(tmp_path):
+    import transformers as tf
+
+    path = str(tmp_path / "qwen3_moe")
+    tiny_plan_model("qwen3_moe", seed=3, **EP4).save_pretrained(path, max_shard_size="20KB")
+    ref = tf.AutoModelForCausalLM.from_pretrained(path).train()
+    out = ref(**inputs("qwen3_moe"))
+    out.loss.backward()
+    want = (out.logits.detach(), ref.get_input_embeddings().weight.grad, out.loss.detach())
+    for rank, res in enumerate(run_distributed(_ep4, 4, path, timeout=500)):
+        for what, a, b in zip(("logits", "embedding grad", "loss"), res[:3], want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=2e-5,
+                                       msg=lambda m, w=what, r=rank: f"rank {r} {w}: {m}")
+        assert res[3] == 0.25, (rank, "expert share")  # one of 4 experts per rank
+        assert res[4] < 0.5, (rank, "bytes read")
