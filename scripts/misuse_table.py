@@ -1,5 +1,6 @@
-"""Render docs/errors.md: every schedule-misuse case of tests/misuse_cases.py with the error it
-raises (single-process cases, then the two-rank ones on 2 gloo ranks).
+"""Render docs/errors.md: every misuse case of tests/misuse_cases.py (schedules, and weights in
+and out) with the error it raises (single-process cases, then the two-rank ones on 2 gloo
+ranks).
 
     .venv/bin/python -m scripts.misuse_table > docs/errors.md     # from the repository root
 
@@ -10,6 +11,7 @@ which import them by that name too.
 
 from __future__ import annotations
 
+import re
 import sys
 import warnings
 
@@ -30,6 +32,7 @@ except ModuleNotFoundError as exc:
 def _row(primitive: str, description: str, result: tuple) -> str:
     kind, message, _ = result
     message = message.replace("|", "\\|").replace("\n", " ")
+    message = re.sub(r"/[^' ]*slapo-misuse-[^' ]*", "DIR", message)  # the cases' temporary dirs
     return f"| `{primitive}` | {description} | `{kind}` | {message} |"
 
 
@@ -40,7 +43,10 @@ def main() -> None:
     print("# Schedule mistakes and the errors they raise\n")
     print("Every user mistake raises a `slapo.SlapoError` subclass naming the call, the module "
           "path, what is wrong and how to fix it. This table is generated from the cases that "
-          "`tests/test_misuse.py` checks (`python -m scripts.misuse_table > docs/errors.md`).\n")
+          "`tests/test_misuse.py` checks (`python -m scripts.misuse_table > docs/errors.md`). "
+          "Besides schedules it covers weights in and out (`load_pretrained`, "
+          "`save_training_state`/`load_training_state`, `export_pretrained`: "
+          "[hub_checkpoints.md](hub_checkpoints.md)); `DIR` stands for the directory given.\n")
     print(f"{len(rows)} cases.\n")
     print("| primitive | misuse | error | message |")
     print("|---|---|---|---|")

@@ -1,12 +1,14 @@
-"""Schedule-misuse cases: each is a wrong use of a primitive that must raise a SlapoError naming
-the module path and a hint. Shared by tests/test_misuse.py and scripts/misuse_table.py (which
-renders docs/errors.md from them).
+"""Misuse cases: each is a wrong use of a primitive (or of loading, resuming or exporting weights)
+that must raise a SlapoError naming the module path (or the call) and a hint. Shared by
+tests/test_misuse.py and scripts/misuse_table.py (which renders docs/errors.md from them).
 
 A case is ``(primitive, description, fn)``; ``fn()`` must raise. Cases in ``TP_CASES`` need two
 ranks (tensor-parallel size 2).
 """
 
 from __future__ import annotations
+
+import tempfile
 
 import torch
 from torch import nn
@@ -129,6 +131,104 @@ def _apply_schedule_unknown_knob():
     apply_schedule(MLP(), "misuse_mlp", ckpt_raito=0.5)
 
 
+# ------------------------------------------------ weights in and out (docs/hub_checkpoints.md)
+_TMP = tempfile.TemporaryDirectory(prefix="slapo-misuse-")  # removed when the process exits
+
+
+def _new_dir() -> str:
+    return tempfile.mkdtemp(dir=_TMP.name)
+
+
+def _hub_dir(**kw) -> str:
+    """A tiny GPT-2 written by ``save_pretrained`` in several shards with an index."""
+    path = _new_dir()
+    tiny_model("gpt2", seed=3, **kw).save_pretrained(path, max_shard_size="20KB")
+    return path
+
+
+def _last_shard(path: str) -> str:
+    import os
+
+    return os.path.join(path, sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))[-1])
+
+
+def _load_pretrained_truncated():
+    import os
+
+    path = _hub_dir()
+    with open(_last_shard(path), "r+b") as f:
+        f.truncate(os.path.getsize(_last_shard(path)) - 7)
+    slapo.load_pretrained(tiny_model("gpt2"), path)
+
+
+def _load_pretrained_missing_shard():
+    import os
+
+    path = _hub_dir()
+    os.remove(_last_shard(path))
+    slapo.load_pretrained(tiny_model("gpt2"), path)
+
+
+def _load_pretrained_wrong_shape():
+    slapo.load_pretrained(tiny_model("gpt2"), _hub_dir(vocab_size=256))
+
+
+def _load_pretrained_wrong_dtype():
+    from safetensors.torch import load_file, save_file
+
+    path = _hub_dir()
+    tensors = load_file(_last_shard(path))
+    key = sorted(tensors)[0]
+    tensors[key] = tensors[key].long()
+    save_file(tensors, _last_shard(path), metadata={"format": "pt"})
+    slapo.load_pretrained(tiny_model("gpt2"), path)
+
+
+def _state_dir(model, optimizer=None) -> str:
+    path = _new_dir()
+    slapo.save_training_state(path, model, optimizer, step=1)
+    return path
+
+
+def _resume_not_a_state():
+    slapo.load_training_state(_new_dir(), MLP())
+
+
+def _resume_other_shape():
+    slapo.load_training_state(_state_dir(MLP()), MLP(ffn=48))
+
+
+def _resume_without_optimizer():
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 16)).sum().backward()
+    opt.step()
+    slapo.load_training_state(_state_dir(model, opt), MLP())
+
+
+def _save_state_of_meta_model():
+    with slapo.init_empty_weights():
+        model = MLP()
+    _state_dir(model)
+
+
+def _export_bad_shard_size():
+    slapo.export_pretrained(tiny_model("gpt2"), _new_dir(), max_shard_size="5 gigs")
+
+
+WEIGHT_CASES = [
+    ("load_pretrained", "a truncated safetensors file", _load_pretrained_truncated),
+    ("load_pretrained", "a shard named by the index is missing", _load_pretrained_missing_shard),
+    ("load_pretrained", "a tensor of another shape than the model's", _load_pretrained_wrong_shape),
+    ("load_pretrained", "a stored dtype that cannot convert", _load_pretrained_wrong_dtype),
+    ("load_training_state", "not a DCP training state", _resume_not_a_state),
+    ("load_training_state", "a model of another configuration", _resume_other_shape),
+    ("load_training_state", "optimizer state saved, no optimizer given", _resume_without_optimizer),
+    ("save_training_state", "a model still on the meta device", _save_state_of_meta_model),
+    ("export_pretrained", "a max_shard_size that is not a size", _export_bad_shard_size),
+]
+
+
 CASES = [
     ("schedule", "unknown module path (closest names suggested)", _unknown_path),
     ("replace", "a function instead of a module", _replace_function),
@@ -152,6 +252,7 @@ CASES = [
     ("build", "unknown target", _build_unknown_target),
     ("build", "meta weights without init_weights", _build_meta_without_init),
     ("apply_schedule", "unknown knob (closest name suggested)", _apply_schedule_unknown_knob),
+    *WEIGHT_CASES,
 ]
 
 
