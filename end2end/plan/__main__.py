@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cpu profile's measurement file (cluster cpu:...)")
     p.add_argument("--timeout", type=number(float, above=0), default=600,
                    help="seconds one simulation may take")
+    p.add_argument("--check", type=number(int, minimum=0), default=0, metavar="N",
+                   help="simulate the first N extrapolated candidates at full depth too and "
+                        "print the extrapolation's error (minutes each at paper scale)")
     p.add_argument("--debug", action="store_true", help="raise errors with their traceback")
     return p
 
@@ -77,6 +80,11 @@ def run(args: argparse.Namespace) -> int:
     for n in args.explain:
         lines += [""] + explain_lines(result, n)
     print("\n".join(lines), flush=True)
+    if args.check:
+        from end2end.plan.check import check_extrapolation, check_lines
+
+        print("\n" + "\n".join(check_lines(check_extrapolation(result, args.check, options))),
+              flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json_text(result))

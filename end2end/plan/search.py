@@ -9,8 +9,9 @@ order within a time budget, and ranked again by the simulator's predictions.
    baseline (the same layout estimates the same), so the simulation queue first takes the
    best-estimated :data:`PER_MODE_FIRST` candidates of every mode, round robin, then the rest in
    estimate order;
-3. simulations (:mod:`end2end.plan.predict`, ``jobs`` at a time) until the queue is empty,
-   ``max_candidates`` are simulated, or the next one would overrun ``budget_s``. A candidate
+3. simulations (:mod:`end2end.plan.predict`, ``jobs`` at a time) until the queue is empty or
+   ``max_candidates`` are simulated; a candidate whose simulation would overrun ``budget_s``
+   (guessed from those before it, per pipeline stage) is left out. A candidate
    predicted out of memory prunes, unsimulated, every candidate of its mode and layout that
    holds as much or more: the same or a larger micro-batch and no more recomputation;
 4. the simulated candidates ranked: those predicted to fit, by predicted samples/s.
@@ -123,17 +124,22 @@ def _dominated_by_oom(cand: Candidate, oom: Candidate) -> bool:
 
 @dataclass
 class _Budget:
+    """The time left; a candidate's simulation is guessed from those before it, per pipeline
+    stage (every stage is a simulated role: a deep pipeline costs more)."""
+
     seconds: float
     max_candidates: Optional[int]
     began: float = field(default_factory=time.perf_counter)
-    spent: List[float] = field(default_factory=list)  # wall seconds per simulated candidate
+    per_stage: List[float] = field(default_factory=list)  # wall seconds / stages, per candidate
 
-    def allows_another(self) -> bool:
-        if self.max_candidates is not None and len(self.spent) >= self.max_candidates:
+    def allows(self, cand: Candidate) -> bool:
+        if self.max_candidates is not None and len(self.per_stage) >= self.max_candidates:
             return False
-        elapsed = time.perf_counter() - self.began
-        guess = max(self.spent) if self.spent else 0.0
-        return elapsed + guess <= self.seconds
+        guess = max(self.per_stage, default=0.0) * cand.pp
+        return time.perf_counter() - self.began + guess <= self.seconds
+
+    def record(self, cand: Candidate, seconds: float) -> None:
+        self.per_stage.append(seconds / cand.pp)
 
 
 def _simulate(item: Evaluated, cluster: Cluster, cache: Optional[Path], timeout: float,
@@ -188,17 +194,20 @@ def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
     queue, budget = _queue(items, cluster.memory_bytes), _Budget(o.budget_s, o.max_candidates)
     done: List[Evaluated] = []
     ooms: List[Candidate] = []
-    skipped = sims = hits = 0
+    skipped = sims = hits = over_budget = 0
     with ThreadPoolExecutor(max_workers=max(1, o.jobs)) as pool:
-        while queue and budget.allows_another():
+        while queue:
             item = queue.pop(0)
-            if any(_dominated_by_oom(item.candidate, o) for o in ooms):
+            if any(_dominated_by_oom(item.candidate, oom) for oom in ooms):
                 skipped += 1
+                continue
+            if not budget.allows(item.candidate):
+                over_budget += 1
                 continue
             t0 = time.perf_counter()
             n, h = _simulate(item, cluster, o.cache, o.timeout, pool, folder)
             sims, hits = sims + n, hits + h
-            budget.spent.append(time.perf_counter() - t0)
+            budget.record(item.candidate, time.perf_counter() - t0)
             done.append(item)
             p = item.prediction
             assert p is not None
@@ -209,5 +218,5 @@ def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
                      f"({time.perf_counter() - t0:.0f} s)")
     ranked = sorted(done, key=_rank_key)
     notes += [cluster.note] if cluster.note else []
-    return PlanResult(model, cluster, seq, batch, dtype, space, ranked, skipped, len(queue),
+    return PlanResult(model, cluster, seq, batch, dtype, space, ranked, skipped, over_budget,
                       sims, hits, time.perf_counter() - began, notes)

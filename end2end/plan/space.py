@@ -149,7 +149,11 @@ def _layouts(mode: str, n: int) -> List[Tuple[int, int]]:
     pairs = []
     for pp in pps:
         for tp in _divisors(n // pp):
-            if pp > 1 or tp == 1 or info.tp == "any" or (info.tp == "world" and tp == n):
+            # "world" (slapo) without a pipeline: the schedule shards over every rank, so a
+            # line with tp < n would run TP = n while its row says TP = tp (the driver's
+            # check lets tp=1 through): only tp = n
+            if pp > 1 or info.tp == "any" or (info.tp == "world" and tp == n) \
+                    or (info.tp == "none" and tp == 1):
                 pairs.append((tp, pp))
     return pairs
 

@@ -1,0 +1,111 @@
+"""The candidate space and the rules that prune it before any simulation: every candidate is a
+config line the driver accepts, no candidate breaks a divisibility rule, the memory lower bound
+prunes models that cannot fit, and the simulation queue reaches every mode first."""
+
+import pytest
+
+from end2end.models import get_model_spec
+from end2end.models.zoo import FAMILIES
+from end2end.plan.cluster import parse_cluster
+from end2end.plan.estimate import estimate_memory, estimate_seconds
+from end2end.plan.rules import MEGATRON_FAMILIES, memory_lower_bound, parameter_count
+from end2end.plan.search import Evaluated, _dominated_by_oom, _queue
+from end2end.plan.space import PLANNED_MODES, enumerate_space
+from end2end.spec.config_file import expand, parse_lines
+from end2end.spec.layout import run_layout
+
+from slapo.errors import ConfigError
+
+# 6 heads, 2 key/value heads, 6 layers: TP 4 and PP 4 cannot split it
+ODD = "llama:layers=6,hidden=96,heads=6,kv_heads=2,ffn=256,vocab=512,max_positions=128"
+
+
+def test_every_candidate_is_a_config_line_the_driver_accepts():
+    cluster = parse_cluster("h100-80gb:4x1")
+    space = enumerate_space("tiny/llama", cluster, 64, 16, "bf16")
+    assert {c.mode for c in space.candidates} == set(PLANNED_MODES)
+    # slapo without a pipeline shards over every rank: only tp = n (the driver would run
+    # tp=1 on 4 ranks as TP 4 while its row says TP 1)
+    assert {c.tp for c in space.candidates if c.mode == "slapo" and c.pp == 1} == {4}
+    for cand in space.candidates:
+        (spec,) = expand(parse_lines(cand.line.splitlines(), "plan"))  # the line as a config
+        layout = run_layout(spec)
+        assert (layout.tp, layout.pp, layout.dp) == (cand.tp, cand.pp, cand.dp)
+        assert layout.micro_batch_size == cand.micro
+        assert cand.dp * cand.micro * cand.accumulation == cand.batch == 16
+        assert layout.num_microbatches == cand.accumulation
+        assert spec.dtype == "bf16" and spec.n == 4
+
+
+def test_divisibility_prunes_tp_and_pp_that_do_not_split_the_model():
+    cluster = parse_cluster("h100-80gb:4x1")
+    space = enumerate_space(ODD, cluster, 64, 16, "bf16")
+    assert space.candidates and space.pruned["divisibility"] > 0
+    assert all(c.tp in (1, 2) and c.pp in (1, 2) for c in space.candidates)
+    assert "does not divide" in space.examples["divisibility"]
+
+
+def test_tp_stays_inside_a_node():
+    space = enumerate_space("tiny/llama", parse_cluster("h100-80gb:2x2"), 64, 16, "bf16")
+    assert max(c.tp for c in space.candidates) == 2
+    assert "GPUs per node" in space.examples["divisibility"]
+
+
+def test_megatron_only_for_the_families_megatron_core_builds():
+    from end2end.driver.baselines.megatron_core import _FAMILIES
+
+    assert set(MEGATRON_FAMILIES) == {t for _, types in _FAMILIES for t in types} & set(FAMILIES)
+    space = enumerate_space("tiny/qwen3", parse_cluster("h100-80gb:2x1"), 64, 8, "bf16")
+    assert "megatron" not in {c.mode for c in space.candidates}
+    assert space.pruned["mode"] == 1 and "slapo-megatron" in {c.mode for c in space.candidates}
+
+
+def test_the_memory_lower_bound_prunes_a_model_that_cannot_fit():
+    one_v100 = parse_cluster("v100-32gb:1x1")
+    space = enumerate_space("llama-7b", one_v100, 512, 1, "fp16")
+    assert not space.candidates and space.pruned["memory"] > 0
+    spec = get_model_spec("llama-7b")
+    assert 6.4e9 < parameter_count(spec) < 7.0e9  # 6.7 B, the embedding counted once
+
+    def states(mode, dp, tp=1, pp=1):  # ckpt 1, 1 token: (almost) only the states
+        return memory_lower_bound(spec, mode, "fp16", tp, pp, dp, 1, 1, 1.0)
+
+    sixteen = 16 * parameter_count(spec)  # fp32 master + 2 moments + fp16 weight and gradient
+    assert states("deepspeed", 1) == pytest.approx(sixteen, rel=1e-3)
+    assert states("deepspeed", 8) == pytest.approx(sixteen / 8, rel=1e-3)  # ZeRO-3: / DP
+    assert states("megatron", 8, tp=2) == pytest.approx(sixteen / 2, rel=1e-3)  # DP replicates
+    assert states("slapo-deepspeed", 2, tp=2, pp=2) == pytest.approx(sixteen / 4, rel=1e-3)
+    assert states("eager", 8) == pytest.approx(8 * parameter_count(spec), rel=1e-3)  # cast
+
+
+def test_a_model_that_fits_nowhere_is_one_line(capsys):
+    from end2end.plan.__main__ import main
+
+    assert main(["llama-7b", "--cluster", "v100-32gb:1x1", "--seq", "512"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fits no layout on v100-32gb:1x1" in err[0] and "memory" in err[0]
+
+
+def test_the_queue_takes_every_mode_first_then_the_estimate_order():
+    cluster = parse_cluster("h100-80gb:4x1")
+    space = enumerate_space("tiny/llama", cluster, 64, 16, "bf16")
+    items = [Evaluated(c, estimate_seconds(c, cluster), estimate_memory(c, cluster) / 1e9)
+             for c in space.candidates]
+    queue = _queue(items, cluster.memory_bytes)
+    assert len(queue) == len(items)
+    assert {e.candidate.mode for e in queue[:len(PLANNED_MODES)]} == set(PLANNED_MODES)
+    rest = [e.estimate["total"] for e in queue[2 * len(PLANNED_MODES):]]
+    assert rest == sorted(rest)
+
+
+def test_a_predicted_oom_prunes_what_holds_as_much_or_more():
+    space = enumerate_space("tiny/llama", parse_cluster("h100-80gb:2x1"), 64, 8, "bf16")
+    meg = [c for c in space.candidates if c.mode == "megatron" and c.tp == 2]
+    oom = next(c for c in meg if c.micro == 2 and c.ckpt == "selective")
+    dominated = {(c.micro, c.ckpt) for c in meg if _dominated_by_oom(c, oom)}
+    assert dominated == {(m, c) for m in (2, 4, 8) for c in ("0", "selective")}
+
+
+def test_an_unknown_model_is_the_zoo_error():
+    with pytest.raises(ConfigError, match="unknown model"):
+        enumerate_space("llama-8x", parse_cluster("h100-80gb:2x1"), 64, 8, "bf16")
