@@ -163,8 +163,10 @@ def predict(cand: Candidate, runs: List[Tuple[int, Dict[str, Any]]], cluster: Cl
     peak = cluster.peak_flops[DTYPES[cand.dtype]]
     mfu = thrpt * train_flops_per_sample(cand.model, cand.seq, cand.dec) / cand.n / peak
     fits = x["needed_gb"] * 1e9 <= cluster.memory_bytes
-    error = "" if fits else (f"predicted {x['needed_gb']:.1f} GB per rank > "
-                             f"{cluster.memory_bytes / 1e9:.1f} GB")
-    return Prediction("sim" if fits else "sim-oom", error, thrpt, x["step_time"],
+    status, error = ("sim", "") if fits else ("sim-oom", f"predicted {x['needed_gb']:.1f} GB "
+                                              f"per rank > {cluster.memory_bytes / 1e9:.1f} GB")
+    if mfu > 1:  # faster than the device: the run is not what its layout says
+        status, error = "fail", f"predicted MFU {mfu:.0%} is above 100 %: not trusted"
+    return Prediction(status, error, thrpt, x["step_time"],
                       x["memory_gb"], x["needed_gb"], mfu,
                       {k: x[f"phase_{k}"] for k in PHASES}, depths, seconds)

@@ -13,7 +13,8 @@ order within a time budget, and ranked again by the simulator's predictions.
    ``max_candidates`` are simulated; a candidate whose simulation would overrun ``budget_s``
    (guessed from those before it, per pipeline stage) is left out. A candidate
    predicted out of memory prunes, unsimulated, every candidate of its mode and layout that
-   holds as much or more: the same or a larger micro-batch and no more recomputation;
+   holds as much or more: the same or a larger micro-batch and no more recomputation; while
+   no candidate of its mode fits yet, the mode's next candidate moves to the queue's front;
 4. the simulated candidates ranked: those predicted to fit, by predicted samples/s.
 
 The space is enumerated whole and each point is cheap to estimate, so the analytical model
@@ -43,6 +44,7 @@ __all__ = ["Evaluated", "PlanResult", "SearchOptions", "plan", "PER_MODE_FIRST",
            "default_batch", "resolve_model"]
 
 PER_MODE_FIRST = 2
+FIT_MARGIN = 0.85
 DEFAULT_CACHE = Path.home() / ".cache" / "slapo" / "plan"
 
 
@@ -106,8 +108,10 @@ def resolve_model(model: str, seq: int, folder: Path) -> Tuple[str, List[str]]:
 
 
 def _queue(items: List[Evaluated], capacity: float) -> List[Evaluated]:
-    """Simulation order (module docstring, step 2)."""
-    order = sorted(items, key=lambda e: (e.estimated_gb * 1e9 > capacity, e.estimate["total"]))
+    """Simulation order (module docstring, step 2); "estimated to fit" keeps
+    :data:`FIT_MARGIN` of the capacity free (the estimate is rough)."""
+    order = sorted(items, key=lambda e: (e.estimated_gb * 1e9 > FIT_MARGIN * capacity,
+                                         e.estimate["total"]))
     first: List[Evaluated] = []
     for rank in range(PER_MODE_FIRST):
         for mode in PLANNED_MODES:
@@ -120,6 +124,19 @@ def _queue(items: List[Evaluated], capacity: float) -> List[Evaluated]:
 def _dominated_by_oom(cand: Candidate, oom: Candidate) -> bool:
     return (cand.mode, cand.tp, cand.pp) == (oom.mode, oom.tp, oom.pp) \
         and cand.micro >= oom.micro and ckpt_fraction(cand.ckpt) <= ckpt_fraction(oom.ckpt)
+
+
+def _next_of_mode_first(queue: List[Evaluated], mode: str, done: List[Evaluated],
+                        ooms: List[Candidate]) -> None:
+    """After a predicted OOM of ``mode`` while no candidate of it fits yet, move its next
+    candidate that the OOM does not prune to the front (every mode gets a fitting layout
+    early, the best baseline included)."""
+    if any(e.candidate.mode == mode and e.prediction and e.prediction.fits for e in done):
+        return
+    for i, e in enumerate(queue):
+        if e.candidate.mode == mode and not any(_dominated_by_oom(e.candidate, o) for o in ooms):
+            queue.insert(0, queue.pop(i))
+            return
 
 
 @dataclass
@@ -213,6 +230,7 @@ def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
             assert p is not None
             if p.status == "sim-oom":
                 ooms.append(item.candidate)
+                _next_of_mode_first(queue, item.candidate.mode, done, ooms)
             o.progress(f"[{len(done)}] {item.candidate.label}: {p.status} "
                      f"{p.samples_per_s:.3g} samples/s, {p.memory_gb:.3g} GB "
                      f"({time.perf_counter() - t0:.0f} s)")

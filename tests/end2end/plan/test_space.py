@@ -26,7 +26,9 @@ def test_every_candidate_is_a_config_line_the_driver_accepts():
     assert {c.mode for c in space.candidates} == set(PLANNED_MODES)
     # slapo without a pipeline shards over every rank: only tp = n (the driver would run
     # tp=1 on 4 ranks as TP 4 while its row says TP 1)
-    assert {c.tp for c in space.candidates if c.mode == "slapo" and c.pp == 1} == {4}
+    assert not [c for c in space.candidates if c.mode == "slapo" and c.pp == 1]  # 2 kv heads
+    two = enumerate_space("tiny/llama", parse_cluster("h100-80gb:2x1"), 64, 8, "bf16")
+    assert {c.tp for c in two.candidates if c.mode == "slapo" and c.pp == 1} == {2}
     for cand in space.candidates:
         (spec,) = expand(parse_lines(cand.line.splitlines(), "plan"))  # the line as a config
         layout = run_layout(spec)
@@ -109,3 +111,22 @@ def test_a_predicted_oom_prunes_what_holds_as_much_or_more():
 def test_an_unknown_model_is_the_zoo_error():
     with pytest.raises(ConfigError, match="unknown model"):
         enumerate_space("llama-8x", parse_cluster("h100-80gb:2x1"), 64, 8, "bf16")
+
+
+def test_after_an_oom_the_mode_s_next_candidate_goes_first_until_one_fits():
+    from end2end.plan.predict import Prediction
+    from end2end.plan.search import _next_of_mode_first
+
+    cluster = parse_cluster("h100-80gb:2x1")
+    space = enumerate_space("tiny/llama", cluster, 64, 8, "bf16")
+    items = [Evaluated(c, {"total": 1.0}, 1.0) for c in space.candidates]
+    oom = next(e for e in items if e.candidate.mode == "megatron")
+    oom.prediction = Prediction("sim-oom")
+    queue = [e for e in items if e is not oom]
+    _next_of_mode_first(queue, "megatron", [oom], [oom.candidate])
+    first = queue[0].candidate
+    assert first.mode == "megatron" and not _dominated_by_oom(first, oom.candidate)
+    fitted = Evaluated(first, {"total": 1.0}, 1.0, Prediction("sim"))
+    before = list(queue)
+    _next_of_mode_first(queue, "megatron", [oom, fitted], [oom.candidate])
+    assert queue == before  # a fitting megatron candidate exists: the order stays
