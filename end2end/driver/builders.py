@@ -86,7 +86,7 @@ def _megatron_baseline(request: RunnerRequest) -> Runner:
     ckpt = request.ckpt
     model = build_megatron_model(config, request.tensor_parallel,
                                  recompute=ckpt if isinstance(ckpt, str) else None,
-                                 seed=request.seed)
+                                 seed=request.seed, dtype=request.dtype)
     if request.dtype is not None:
         model = model.to(request.dtype)
     opt = megatron_optimizer_factory(request.optimizer, request.dtype)(

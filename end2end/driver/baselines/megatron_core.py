@@ -24,6 +24,12 @@ and no linear biases, but learned absolute positions
 supported for DotProductAttention"; that needs TransformerEngine). On CPU
 the weights are initialised on the CPU (``use_cpu_initialization``) from the full master weight, so
 a given seed gives the same model at every tensor-parallel size.
+
+Attention's scale, mask and softmax are fused into one kernel as Megatron-LM's training script
+does by default (``--no-masked-softmax-fusion`` turns it off; megatron-core's
+``TransformerConfig`` defaults to off) wherever that kernel exists: it is a CUDA extension built
+with Megatron-LM or Apex (:data:`FUSED_SOFTMAX_MODULES`; :func:`fused_softmax_available`).
+Elsewhere (a CPU, a GPU without the extension) megatron-core's PyTorch softmax runs.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ from slapo.runtime.distributed import pick_device
 from slapo.errors import ConfigError
 
 __all__ = ["build_megatron_model", "megatron_loss_fn", "transformer_config", "family_of",
-           "hf_llama_to_megatron", "load_hf_llama_weights"]
+           "hf_llama_to_megatron", "load_hf_llama_weights", "FUSED_SOFTMAX_MODULES",
+           "fused_softmax_available"]
 
 Batch = Dict[str, torch.Tensor]
 _GPT, _BERT, _T5 = ("gpt2", "gpt_neo"), ("bert", "roberta"), ("t5",)
@@ -58,6 +65,20 @@ def family_of(hf_config: Any) -> str:
     raise ConfigError(f"no megatron-core baseline for model type {model_type!r}",
                       call="build_megatron_model",
                       hint=f"use a config of type {', '.join(_GPT + _BERT + _T5 + _LLAMA)}")
+
+
+#: the CUDA extensions of megatron-core's fused softmax (``megatron/core/fusions/fused_softmax.py``)
+FUSED_SOFTMAX_MODULES = ("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda",
+                         "scaled_softmax_cuda")
+
+
+def fused_softmax_available() -> bool:
+    """Whether megatron-core's fused softmax kernels can be imported (module docstring)."""
+    import importlib.util
+    import sys
+
+    return all(name in sys.modules or importlib.util.find_spec(name) is not None
+               for name in FUSED_SOFTMAX_MODULES)
 
 
 def _rope_theta(c: Any) -> float:
@@ -159,19 +180,24 @@ def transformer_config(hf_config: Any, recompute: Optional[str] = None, **overri
     kw.update(
         tensor_model_parallel_size=ps.get_tensor_model_parallel_world_size(),
         use_cpu_initialization=pick_device().type == "cpu", params_dtype=torch.float32,
-        init_method_std=getattr(c, "initializer_range", 0.02))
+        init_method_std=getattr(c, "initializer_range", 0.02),
+        masked_softmax_fusion=fused_softmax_available())
     kw.update(overrides)
     return TransformerConfig(**kw)
 
 
 def build_megatron_model(hf_config: Any, tensor_model_parallel_size: Optional[int] = None, *,
-                         recompute: Optional[str] = None, seed: int = 1234) -> nn.Module:
+                         recompute: Optional[str] = None, seed: int = 1234,
+                         dtype: Optional[torch.dtype] = None) -> nn.Module:
     """megatron-core's GPTModel / BertModel / T5Model with ``hf_config``'s hyperparameters, on
     this rank's device. Initialises megatron (:func:`initialize_megatron`, TP =
     ``tensor_model_parallel_size`` or the world size) if needed; the weights are drawn after
-    ``torch.manual_seed(seed)``."""
+    ``torch.manual_seed(seed)``. ``dtype`` (fp16/bf16): the precision the model will train in,
+    as Megatron-LM's ``--fp16``/``--bf16`` tell its config (attention's softmax then runs in
+    fp32, fused or not); the caller casts the model."""
     initialize_megatron(tensor_model_parallel_size)
-    config = transformer_config(hf_config, recompute=recompute)
+    config = transformer_config(hf_config, recompute=recompute,
+                                fp16=dtype == torch.float16, bf16=dtype == torch.bfloat16)
     family = family_of(hf_config)
     torch.manual_seed(seed)
     if family == "gpt":

@@ -20,7 +20,8 @@ memory_efficiency)) + kernel_overhead``, where the efficiency depends on the ker
 
 Views and allocations (``empty``, ``empty_like``, ``empty_strided``, ``new_empty``,
 ``new_empty_strided``: the caching allocator hands out memory, no kernel runs; PyTorch's
-``aten/src/ATen/native/TensorFactories.cpp`` launches none for them) cost nothing on the GPU; runtime costs measured on a CPU (:data:`cpu_model.RUNTIME_COSTS`)
+``aten/src/ATen/native/TensorFactories.cpp`` launches none for them; ``_unsafe_view``, a view
+that autograd does not track as one) cost nothing on the GPU; runtime costs measured on a CPU (:data:`cpu_model.RUNTIME_COSTS`)
 are not charged. The host: eager PyTorch issues every kernel from Python (``host_op_s`` per op,
 the profile's), so a phase takes at least its ops x that (:func:`phase_seconds`).
 """
@@ -46,7 +47,8 @@ GEMM_SHAPED: Dict[str, Tuple[int, int]] = {"mm": (0, 1), "bmm": (0, 1), "addmm":
                                            "baddbmm": (1, 2), "_addmm_activation": (1, 2)}
 
 #: ATen ops that allocate without launching a kernel (module docstring)
-NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+                       "_unsafe_view"})
 
 #: fused attention ops -> the kernel kind of ``attention_efficiency``
 ATTENTION_KINDS = {"_scaled_dot_product_flash_attention": "flash",

@@ -96,13 +96,16 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
     from end2end.driver.measure import local_parameters
     from end2end.simulate.engine.fake_world import fake_world
     from end2end.simulate.cost.kernels import GpuAttention
+    from end2end.simulate.cost.megatron_kernels import fused_softmax_kernels
     from end2end.simulate.engine.modelled import Modelled
 
     from slapo.runtime.distributed import init_distributed
 
     dtype = spec.low_precision_dtype
     modelled = Modelled.for_run(spec, layout)
-    with fake_world(rank, spec.n):
+    # megatron's fused softmax as on a GPU (end2end/simulate/cost/megatron_kernels.py)
+    kernels = fused_softmax_kernels() if gpu else contextlib.nullcontext()
+    with fake_world(rank, spec.n), kernels:
         env = init_distributed()
         runner = build_runner(spec, layout, dtype, env.device, builders=modelled.builders)
         batch = rank_batch(spec, layout, env.rank, env.device, dtype)
