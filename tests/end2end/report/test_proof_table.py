@@ -67,9 +67,12 @@ def test_the_proof_block_tables_statistics_pairs_and_provenance(tmp_path):
     # against the fastest rounds: |2/2.2-1|, |3/4.4-1|, |4/5-1|, |3/6-1| -> 28 %
     assert "Against each run's fastest round" in text and "samples/s MAPE 28%" in text
     assert "within 25 %: 50% of runs (goal >= 80 %: **not met**)" in text
-    assert "| slapo / eager | tiny/bert | 1 | 2.00x | 1.50x | yes |" in text
-    assert "| slapo / eager | tiny/gpt2 | 1 | 1.20x | 0.75x | **no** |" in text
+    # bias = predicted / measured ratio - 1: 1.5 / 2 - 1 and 0.75 / 1.2 - 1
+    assert "| slapo / eager | tiny/bert | 1 | 2.00x | 1.50x | -25% | yes |" in text
+    assert "| slapo / eager | tiny/gpt2 | 1 | 1.20x | 0.75x | -38% | **no** |" in text
     assert "1 of 2 predicted the same way (goal: all: **not met**)" in text
+    assert "over all 2 pairs: median -31" in text and "0 of 2 above 0" in text
+    assert "(goal within +-5 %: **not met**)" in text
     assert update([doc], root=tmp_path, check=True) == 0
 
 
