@@ -1,6 +1,6 @@
-"""Convert a ``slapo.save_checkpoint`` directory (the older format, ``manifest.json`` and
-``rank-*.pt``) into a DCP training state that :func:`slapo.load_training_state` reads, at any
-layout::
+"""Convert a directory of the older checkpoint format (``manifest.json`` and ``rank-*.pt``, what
+``slapo.save_checkpoint`` wrote before it moved to DCP) into a DCP training state that
+:func:`slapo.load_training_state` reads, at any layout::
 
     python -m slapo.weights.convert OLD_DIR NEW_DIR [--step N]
 
@@ -62,7 +62,7 @@ def _holder(entries: Dict[str, dict]) -> nn.Module:
 
 
 def convert_checkpoint(old_dir: str, new_dir: str, step: int = 0) -> str:
-    """Convert the ``save_checkpoint`` directory ``old_dir`` into a training state in
+    """Convert the older-format directory ``old_dir`` into a training state in
     ``new_dir`` (one process). Returns ``new_dir``.
 
     Raises:
@@ -78,7 +78,8 @@ def convert_checkpoint(old_dir: str, new_dir: str, step: int = 0) -> str:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointIOError(f"no readable {MANIFEST} in '{old_dir}'",
                                 call="convert_checkpoint",
-                                hint="pass a directory written by slapo.save_checkpoint") from exc
+                                hint="pass a directory of the older format (manifest.json "
+                                "and rank-*.pt)") from exc
     holder = _holder(entries)
     load_checkpoint(holder, old_dir)  # validates everything, fills the whole tensors
     model = {name: holder.get_parameter(name) if e["kind"] == "param" else
@@ -95,7 +96,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """The command line: ``python -m slapo.weights.convert OLD_DIR NEW_DIR [--step N]``."""
     parser = argparse.ArgumentParser(prog="python -m slapo.weights.convert",
                                      description=__doc__.split("::")[0].strip())
-    parser.add_argument("old_dir", help="a directory written by slapo.save_checkpoint")
+    parser.add_argument("old_dir", help="a directory of the older format (manifest.json)")
     parser.add_argument("new_dir", help="where to write the DCP training state")
     parser.add_argument("--step", type=int, default=0, help="the step to record (default 0)")
     args = parser.parse_args(argv)
