@@ -6,9 +6,11 @@ order within a time budget, and ranked again by the simulator's predictions.
 1. every candidate (:func:`end2end.plan.space.enumerate_space`), pruned by the rules;
 2. the survivors ordered by the estimate (:mod:`end2end.plan.estimate`): those estimated to
    fit first, then by estimated samples/s. The estimate cannot tell a Slapo mode from its
-   baseline (the same layout estimates the same), so the simulation queue first takes the
-   best-estimated :data:`PER_MODE_FIRST` candidates of every mode, round robin, then the rest in
-   estimate order;
+   baseline (the same layout estimates the same), so the simulation queue first takes
+   :data:`PER_MODE_FIRST` candidates of every mode, round robin, then the rest in estimate
+   order. Each of those is, among the mode's candidates estimated within
+   :data:`CHEAP_WITHIN` of its best, the one with the fewest pipeline stages: every stage is a
+   simulated role, so a deep pipeline costs several times a flat layout to simulate;
 3. simulations (:mod:`end2end.plan.predict`, ``jobs`` at a time) until the queue is empty or
    ``max_candidates`` are simulated; a candidate whose simulation would overrun ``budget_s``
    (guessed from those before it, per pipeline stage) is left out. A candidate
@@ -45,6 +47,7 @@ __all__ = ["Evaluated", "PlanResult", "SearchOptions", "plan", "PER_MODE_FIRST",
 
 PER_MODE_FIRST = 2
 FIT_MARGIN = 0.85
+CHEAP_WITHIN = 1.15
 DEFAULT_CACHE = Path.home() / ".cache" / "slapo" / "plan"
 
 
@@ -113,11 +116,14 @@ def _queue(items: List[Evaluated], capacity: float) -> List[Evaluated]:
     order = sorted(items, key=lambda e: (e.estimated_gb * 1e9 > FIT_MARGIN * capacity,
                                          e.estimate["total"]))
     first: List[Evaluated] = []
-    for rank in range(PER_MODE_FIRST):
+    for _ in range(PER_MODE_FIRST):
         for mode in PLANNED_MODES:
-            of_mode = [e for e in order if e.candidate.mode == mode]
-            if len(of_mode) > rank:
-                first.append(of_mode[rank])
+            of_mode = [e for e in order if e.candidate.mode == mode
+                       and all(e is not f for f in first)]
+            if of_mode:  # within CHEAP_WITHIN of the mode's best estimate, the fewest stages
+                near = [e for e in of_mode
+                        if e.estimate["total"] <= CHEAP_WITHIN * of_mode[0].estimate["total"]]
+                first.append(min(near, key=lambda e: e.candidate.pp))
     return first + [e for e in order if all(e is not f for f in first)]
 
 

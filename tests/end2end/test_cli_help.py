@@ -8,13 +8,15 @@ import pytest
 
 from end2end.driver import bench
 from end2end.models import listing as models
+from end2end.plan import __main__ as plan
 from end2end.results import plot
 from end2end.sweep import multi_node
 from end2end.sweep import single_node as sweep
 
 
 COMMANDS = {"end2end.sweep": sweep, "end2end.bench": bench, "end2end.plot": plot,
-            "end2end.models": models, "end2end.multi_node.launch": multi_node}
+            "end2end.models": models, "end2end.multi_node.launch": multi_node,
+            "end2end.plan": plan}
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
