@@ -4,14 +4,17 @@ Every helper takes a schedule and module paths, so a recipe reads as "which path
 
 * :func:`backbone` finds the backbone prefix (``bert``, ``transformer`` ...) or takes the knob;
 * :func:`replace_attention` swaps a HF attention module for the op library's SDPA attention
-  (:func:`slapo.op.attention_from_hf`, weights copied; on the meta device with ``delay_init``);
+  (:func:`slapo.op.attention_from_hf`, weights copied; on the meta device with ``delay_init``),
+  and the other module replacements (:mod:`.replacements`, re-exported here);
 * :func:`shard_attention`, :func:`shard_mlp`, :func:`shard_embedding`, :func:`shard_lm_head`:
   Megatron-style tensor parallelism (column-parallel entry, row-parallel exit, one all-reduce
   per region each way), or its sequence-parallel form (:class:`TPMode`);
   :func:`vocab_and_sequence_parallel` is the tail the decoder recipes share (vocab-parallel
   embedding and head, the sequence-parallel region);
+* :func:`schedule_layers` runs a :class:`LayerPlan` over an encoder's or decoder's layers;
 * :func:`checkpoint_layers` checkpoints exactly ``checkpoint_layer_ids(L, ratio)`` layers;
-* :func:`cut_pipeline` records pipeline cuts (refused until the pipeline primitive exists).
+* :func:`cut_pipeline` cuts pipeline stages after layers (:mod:`.pipeline_cuts`, re-exported
+  here with :func:`pipeline_cut_paths` and :func:`cut_pipeline_at`).
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from torch import nn
 
 from ..errors import ConfigError
-from ..weights.delayed_init import init_empty_weights
 from ..schedule import Schedule
 from ..sharding.sequence_parallel import (gather_sequence, mark_replicated,
                                           reduce_scatter_sequence)
 from .config import ScheduleConfig, checkpoint_layer_ids
+from .pipeline_cuts import cut_pipeline, cut_pipeline_at, pipeline_cut_paths
+from .replacements import (RMS_NORMS, fast_dropout, fuse_rms_norms, native_gelu,
+                           replace_attention, replace_mlp, replace_residual_norm)
 
 __all__ = [
     "TPMode", "backbone", "join", "layer_paths", "disable_kv_cache", "tp_mode",
@@ -34,7 +39,8 @@ __all__ = [
     "column_parallel", "row_parallel", "shard_attention", "shard_mlp", "shard_embedding",
     "shard_lm_head", "sequence_parallel_region", "vocab_and_sequence_parallel", "LayerPlan",
     "pipeline_cut_paths", "cut_pipeline_at",
-    "schedule_layers", "checkpoint_layers", "cut_pipeline",
+    "schedule_layers", "checkpoint_layers", "cut_pipeline", "fuse_rms_norms", "fast_dropout",
+    "RMS_NORMS",
 ]
 
 
@@ -115,82 +121,6 @@ def tp_mode(sch: Schedule, cfg: ScheduleConfig, family: str, *, sp_supported: bo
             call=call, hint="use attn_kernel='auto' (the op library's attention is sharded by "
             "heads), or shard HF's attention yourself")
     return TPMode(tp=tp, sp=tp and cfg.sequence_parallel)
-
-
-def replace_attention(sch: Schedule, path: str, cfg: ScheduleConfig, *,
-                      fused_qkv: Optional[bool] = None) -> bool:
-    """Replace the HF attention at ``path`` by the op library's (``cfg.attn_kernel`` backend;
-    ``"eager"`` keeps HF's and returns False). Built on the meta device with ``delay_init``."""
-    from ..op import attention_from_hf
-
-    if cfg.attn_kernel == "eager":
-        return False
-    with init_empty_weights(enable=cfg.delay_init):
-        new = attention_from_hf(sch[path].mod, fused_qkv=fused_qkv, backend=cfg.attn_kernel)
-    sch[path].replace(new)
-    return True
-
-
-def replace_mlp(sch: Schedule, path: str, cfg: ScheduleConfig, bias_gelu: Any) -> bool:
-    """With ``bias_gelu`` (True = ``torch.compile`` inductor, a string = that backend,
-    ``"eager"`` = the unfused reference), replace the MLP at ``path`` by the op library's with
-    the bias add fused into the GeLU (:func:`slapo.op.mlp_from_hf`)."""
-    from ..op import mlp_from_hf
-
-    if bias_gelu is False or bias_gelu is None:
-        return False
-    compile_ = None if bias_gelu == "eager" else bias_gelu
-    with init_empty_weights(enable=cfg.delay_init):
-        new = mlp_from_hf(sch[path].mod, fuse_bias_gelu=True, compile=compile_)
-    sch[path].replace(new)
-    return True
-
-
-def replace_residual_norm(sch: Schedule, path: str, cfg: ScheduleConfig, how: Any) -> bool:
-    """With ``how`` (True = ``torch.compile`` inductor, a string = that backend, ``"eager"`` =
-    the unfused reference), replace the sub-layer epilogue at ``path`` (BERT's
-    ``attention.output`` / ``output``) by the op library's: the dense bias decomposed and fused
-    with dropout, the residual add and the LayerNorm (:func:`slapo.op.residual_norm_from_hf`)."""
-    from ..op import residual_norm_from_hf
-
-    if how is False or how is None:
-        return False
-    with init_empty_weights(enable=cfg.delay_init):
-        new = residual_norm_from_hf(sch[path].mod, compile=None if how == "eager" else how)
-    sch[path].replace(new)
-    return True
-
-
-RMS_NORMS = ("T5LayerNorm", "LlamaRMSNorm")
-
-
-def fuse_rms_norms(sch: Schedule) -> List[str]:
-    """Replace every HF RMSNorm (``T5LayerNorm``, ``LlamaRMSNorm``) of the model by the op
-    library's one-function :class:`slapo.op.rms_norm.RMSNorm` (same ``weight``); returns the
-    paths."""
-    from ..op.rms_norm import RMSNorm
-
-    paths = [path for path, mod in sch.mod.named_modules() if type(mod).__name__ in RMS_NORMS]
-    for path in paths:
-        sch[path].replace(RMSNorm.from_hf(sch[path].mod))
-    return paths
-
-
-def fast_dropout(sch: Schedule) -> List[str]:
-    """Swap every ``nn.Dropout`` with ``p > 0`` (exactly that class) of the model for the op
-    library's :class:`slapo.op.dropout.Dropout` (same ``p``, cheaper mask on the CPU), keeping
-    its forward wrappers (e.g. ``fork_rng``); returns the paths."""
-    from ..op.dropout import Dropout
-    from ..runtime.forward_wrap import copy_forward_wrappers
-
-    paths = [path for path, mod in sch.mod.named_modules()
-             if type(mod) is nn.Dropout and mod.p > 0]
-    for path in paths:
-        node = sch[path]
-        old = node.mod
-        node.replace(Dropout.from_module(old))
-        copy_forward_wrappers(old, node.mod)
-    return paths
 
 
 def _fused(fused: int) -> Dict[str, int]:
@@ -370,23 +300,6 @@ class LayerPlan:
     norms: Tuple[str, ...] = ()
 
 
-def native_gelu(sch: Schedule, path: str) -> bool:
-    """Replace a HF GeLU written as Python element-wise ops (GPT-2's ``NewGELUActivation`` is
-    ``0.5 * x * (1 + tanh(...))``: six kernels forward, more backward) by ``nn.GELU`` with the
-    same formula (one ATen kernel each way; equal up to float rounding). Returns whether it
-    replaced; other activations, and GeLUs that already are one kernel, are left alone."""
-    import torch.nn.functional as F
-
-    from ..op.mlp import gelu_kind
-
-    mod = sch[path].mod
-    kind = gelu_kind(mod)
-    if kind is None or isinstance(mod, nn.GELU) or getattr(mod, "act", None) is F.gelu:
-        return False
-    sch[path].replace(nn.GELU(approximate=kind))
-    return True
-
-
 def schedule_layers(sch: Schedule, cfg: ScheduleConfig, mode: TPMode, layers: Sequence[str],
                     plan: LayerPlan, *, fused_qkv: Optional[bool] = None,
                     fuse_bias_gelu: Any = False) -> None:
@@ -419,73 +332,3 @@ def checkpoint_layers(sch: Schedule, paths: Sequence[str], ratio: float) -> List
     for i in ids:
         sch[paths[i]].checkpoint()
     return ids
-
-
-def _caller(sch: Schedule, layer: str) -> str:
-    """The module whose forward calls ``layer`` (skipping ModuleList/ModuleDict containers)."""
-    node = sch[layer].parent
-    while isinstance(node.mod, (nn.ModuleList, nn.ModuleDict)) and node.parent is not None:
-        node = node.parent
-    return node.path
-
-
-def cut_pipeline(sch: Schedule, cfg: ScheduleConfig, stacks: Sequence[Sequence[str]],
-                 family: str, example_inputs: Any = None) -> None:
-    """Cut a pipeline stage after the layers in ``cfg.pipeline_cuts``: layer indices for a
-    single stack, or one list per stack (T5: ``[[encoder...], [decoder...]]``; WideResNet: four
-    lists). The modules calling the layers are traced first (``trace_until``), which needs
-    ``example_inputs`` (the model's keyword inputs).
-
-    Raises:
-        ConfigError: as :func:`pipeline_cut_paths`.
-    """
-    cut_pipeline_at(sch, pipeline_cut_paths(sch, cfg, stacks, family, example_inputs),
-                    example_inputs)
-
-
-def pipeline_cut_paths(sch: Schedule, cfg: ScheduleConfig, stacks: Sequence[Sequence[str]],
-                       family: str, example_inputs: Any = None) -> List[str]:
-    """The layer paths ``cfg.pipeline_cuts`` ends stages after (empty without cuts), checked
-    without changing anything.
-
-    Raises:
-        ConfigError: cuts without ``example_inputs``, a family without stacks to cut, a wrong
-            shape of ``pipeline_cuts`` or an index out of range.
-    """
-    cuts = cfg.pipeline_cuts
-    if not cuts:
-        return []
-    call = f"apply_schedule({family!r}, pipeline_cuts={list(cuts)})"
-    if not stacks:
-        raise ConfigError(f"pipeline cuts are not supported for {family}", call=call,
-                          hint="its layers share one module (ALBERT): drop pipeline_cuts")
-    nested = all(isinstance(c, (list, tuple)) for c in cuts)
-    per_stack = [list(c) for c in cuts] if nested else [list(cuts)]
-    if len(per_stack) != len(stacks):
-        raise ConfigError(f"pipeline_cuts needs {len(stacks)} list(s) of layer indices (one per "
-                          "stack)" if len(stacks) > 1 else "pipeline_cuts must be layer indices",
-                          call=call, hint="e.g. pipeline_cuts=[3] cuts after layer 3")
-    if example_inputs is None:
-        raise ConfigError("pipeline_cuts needs example_inputs=<the model's inputs> to trace the "
-                          "modules that call the layers", call=call,
-                          hint="pass example_inputs=dict(input_ids=..., ...)")
-    plan = []
-    for stack, indices in zip(stacks, per_stack):
-        bad = [c for c in indices if not (isinstance(c, int) and 0 <= c < len(stack))]
-        if bad:
-            raise ConfigError(f"pipeline cut(s) {bad} are not layer indices in "
-                              f"0..{len(stack) - 1}", call=call,
-                              hint="a cut index i ends a stage after layer i")
-        plan += [stack[i] for i in sorted(set(indices))]
-    return plan
-
-
-def cut_pipeline_at(sch: Schedule, paths: Sequence[str], example_inputs: Any) -> None:
-    """Trace the modules calling the layers at ``paths`` and cut a stage after each (the
-    checked result of :func:`pipeline_cut_paths`; nothing when empty)."""
-    if not paths:
-        return
-    callers = sorted({_caller(sch, path) for path in paths})
-    sch.trace_until(callers, example_inputs=example_inputs)
-    for path in paths:
-        sch[path].cut_pipeline_stage()

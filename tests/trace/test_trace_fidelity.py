@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from slapo.model_schedule.common import _caller, layer_paths
+from slapo.model_schedule.common import layer_paths
+from slapo.model_schedule.pipeline_cuts import caller_of
 from slapo.testing import example_inputs, tiny_config, tiny_model
 from slapo.testing.models import PLAN_FAMILIES, tiny_plan_config, tiny_plan_model
 from tests.trace.fidelity import COUNTS, REFUSALS, check_fidelity, dropout_overrides
@@ -36,7 +37,7 @@ RECIPE_STACKS = {
 def _trace_callers(stacks, inputs):
     def schedule(sch):
         layers = [p for stack in stacks for p in layer_paths(sch, stack)]
-        sch.trace_until(sorted({_caller(sch, p) for p in layers}), example_inputs=inputs)
+        sch.trace_until(sorted({caller_of(sch, p) for p in layers}), example_inputs=inputs)
     return schedule
 
 
