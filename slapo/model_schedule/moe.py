@@ -43,6 +43,10 @@ holding every expert as one 3-D tensor per projection::
   weights on the token's rank, and the token shards are all-gathered). The plan's sub-entries
   are checked but do not apply (whole experts are not split).
 
+Dense-routed experts (Llama 4's ``Llama4TextExperts``: one input ``[E * T, H]``, every expert
+on its row block, ``[E, in, out]`` tensors without HF's flags) take both forms too, through
+:mod:`.moe_dense` (checked on a probe of their own forward first; no all-to-all needed).
+
 Refused (``ConfigError`` naming the path, with a hint): sequence parallelism (the MoE block's
 input would be a sequence chunk: not supported yet); under tensor parallelism inside the experts,
 expert biases (the down projection's bias would be added on every rank) and a post-expert norm
@@ -76,6 +80,7 @@ from ..sharding.expert_parallel import ExpertParallelForward, RoutedInputGradAll
 from ..sharding.layout import REPLICATED, ModuleLayout, ShardInfo
 from ..sharding.sequence_parallel import mark_replicated
 from ..sharding.spec import SHARD_ATTR, ShardSpec, get_shard_spec, set_shard_spec
+from . import moe_dense
 from .common import TPMode
 from .config import ScheduleConfig
 
@@ -102,24 +107,32 @@ class ExpertsLayout:
     num_experts: int
     has_bias: bool
     has_post_norm: bool
+    transposed: bool = False
+    dense: bool = False
 
     @classmethod
     def of(cls, mod: nn.Module, path: str) -> "ExpertsLayout":
-        """The layout of experts module ``mod`` (HF's ``use_experts_implementation`` flags)."""
-        transposed = bool(getattr(mod, "is_transposed", False))
+        """The layout of experts module ``mod``: HF's ``use_experts_implementation`` flags, or
+        for experts without them (Llama 4's dense-routed ones, :mod:`.moe_dense`) the layout
+        read from the tensors' shapes and the hidden size."""
         up = "gate_up_proj" if getattr(mod, "gate_up_proj", None) is not None else "up_proj"
         names = [n for n in (up, "down_proj") if isinstance(getattr(mod, n, None), nn.Parameter)]
         if len(names) != 2 or any(getattr(mod, n).dim() != 3 for n in names):
             raise _error(path, mod, "is not an experts module with 3-D expert tensors "
                          "(gate_up_proj or up_proj, and down_proj)",
                          f"'{EXPERTS_STYLE}' applies to HF experts modules; check the plan's path")
+        transposed = bool(getattr(mod, "is_transposed", False))
+        if not hasattr(mod, "is_transposed"):
+            inferred = moe_dense.transposed_from_shapes(mod, up)
+            transposed = transposed if inferred is None else inferred
         out_axis, in_axis = (2, 1) if transposed else (1, 2)
         packed = up == "gate_up_proj" and bool(getattr(mod, "is_concatenated", True))
         num_experts = getattr(mod, up).shape[0]
         return cls(axes={up: out_axis, "down_proj": in_axis},
                    fused={up: 2 if packed else 1, "down_proj": 1}, num_experts=num_experts,
                    has_bias=bool(getattr(mod, "has_bias", False)),
-                   has_post_norm=bool(getattr(mod, "has_post_expert_norm", False)))
+                   has_post_norm=bool(getattr(mod, "has_post_expert_norm", False)),
+                   transposed=transposed, dense=moe_dense.dense_routed(mod))
 
 
 def _error(path: str, mod: nn.Module, what: str, hint: str) -> ConfigError:
@@ -141,7 +154,10 @@ def shard_experts(sch: Schedule, path: str, cfg: ScheduleConfig, mode: TPMode,
         return
     layout = check_experts(sch, path, mode, plan, expert_parallel=expert_parallel)
     assert layout is not None  # mode.tp
-    if expert_parallel:
+    if layout.dense:
+        moe_dense.shard_dense_experts(sch, path, layout.axes, layout.fused,
+                                      expert_parallel=expert_parallel)
+    elif expert_parallel:
         _expert_parallel(sch, path, layout)
     else:
         _tensor_parallel(sch, path, layout)
@@ -162,6 +178,8 @@ def check_experts(sch: Schedule, path: str, mode: TPMode, plan: Mapping[str, str
         raise _error(path, mod, "sequence parallelism is not supported for mixture-of-experts "
                      "layers", "drop sequence_parallel=True for this model")
     layout = ExpertsLayout.of(mod, path)
+    if layout.dense:
+        moe_dense.check_dense_form(path, mod, layout.transposed)
     _check_plan(mod, path, layout, plan)
     _check_extra_params(mod, path, layout)
     if expert_parallel:
@@ -240,7 +258,7 @@ def _check_expert_parallel(sch: Schedule, path: str, layout: ExpertsLayout) -> N
                      f"parallelism gives each rank E / {ws} whole experts)",
                      f"use a tensor-parallel size that divides {num}, or "
                      "expert_parallel=False (tensor parallelism inside the experts)")
-    if getattr(mod, "num_experts", None) != num:
+    if not layout.dense and getattr(mod, "num_experts", None) != num:
         raise _error(path, mod, f"the experts module has no attribute num_experts == {num}, "
                      "which its forward must read to run only the local experts",
                      "use expert_parallel=False for this family")
