@@ -6,18 +6,14 @@ the model's weights as such a DCP state; ``slapo.load_checkpoint(model, dir)`` r
 or a directory of the older format, and ``python -m slapo.weights.convert OLD NEW`` converts an
 old directory once and for all.
 
-The older format: :func:`write_legacy_checkpoint` (kept for the converter's and the reader's
-tests) writes each rank's shards (one file per rank, each distinct piece written once) and a
-``manifest.json`` that records, per tensor, its dtype, global shape, tied names and where each
-piece lies (global slice, file, sha256); see :mod:`slapo.weights.checkpoint_format`. Loading
-lets each rank read only the pieces that overlap its own part (from every tensor's
-:class:`~slapo.sharding.ShardSpec`), so TP=2 -> TP=1 -> TP=2 round trips are bit-exact, whatever
-axis either side shards.
-
-Loading validates everything first (manifest, names, dtypes, global shapes, piece coverage, file
-sizes, checksums of every piece it reads); the ranks agree on the outcome before anything is
-copied, so a refused checkpoint never leaves the model half-loaded. Works without
-``torch.distributed`` (one process, world size 1).
+The older format (:mod:`slapo.weights.checkpoint_format`; :func:`write_legacy_checkpoint`, kept
+for the converter's and the reader's tests, writes it): one file per rank, each distinct piece
+written once, and a ``manifest.json`` with each tensor's dtype, global shape, tied names and
+pieces (global slice, file, sha256). Each rank reads only the pieces that overlap its part (by
+its :class:`~slapo.sharding.ShardSpec`): TP=2 -> TP=1 -> TP=2 round trips are bit-exact, whatever
+axis either side shards. Everything is validated first (manifest, names, dtypes, shapes,
+coverage, file sizes, checksums) and the ranks agree before anything is copied, so a refused
+checkpoint never leaves the model half-loaded. Works without ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -89,7 +85,8 @@ def save_checkpoint(model: Any, directory: str, group: Optional[Any] = None) -> 
     if not _warned:
         _warned = True
         warnings.warn(RETIRED, FutureWarning, stacklevel=2)
-    if group is not None and dist.is_initialized() and group is not dist.group.WORLD:
+    if group is not None and dist.is_initialized() and (dist.get_world_size(group)
+                                                        != dist.get_world_size()):
         raise CheckpointIOError("a process group other than the default one was given",
                                 call="save_checkpoint", hint="save over all ranks with "
                                 "slapo.save_training_state(directory, model)")

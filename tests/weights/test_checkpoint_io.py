@@ -243,10 +243,16 @@ def test_save_checkpoint_warns_once_and_writes_a_dcp_state(tmp_path):
 
 
 def _wrapper_reshards(tmp):
-    """A TP=2 model saved through the wrapper loads into TP=2 with other axes."""
+    """A TP=2 model saved through the wrapper loads into TP=2 with other axes; a subgroup is
+    refused (DCP saves over all ranks)."""
+    import torch.distributed as dist
+
     path = os.path.join(tmp, "tp2")
     src = _tp_gpt2("col")
-    slapo.save_checkpoint(src, path)
+    solo = [dist.new_group([r]) for r in range(2)][dist.get_rank()]
+    with pytest.raises(slapo.CheckpointIOError, match="other than the default one"):
+        slapo.save_checkpoint(src, path, group=solo)
+    slapo.save_checkpoint(src, path, group=dist.group.WORLD)
     dst = _tp_gpt2("alt")
     for p in dst.parameters():
         p.data.zero_()
