@@ -17,6 +17,7 @@ log = get_logger("end2end.plan")
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line (every option documented)."""
+    from end2end.plan.predict import REDUCE_ABOVE
     from end2end.plan.search import DEFAULT_CACHE
 
     p = argparse.ArgumentParser(
@@ -55,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cpu profile's measurement file (cluster cpu:...)")
     p.add_argument("--timeout", type=number(float, above=0), default=600,
                    help="seconds one simulation may take")
+    p.add_argument("--reduce-above", type=number(int, minimum=0), default=REDUCE_ABOVE,
+                   metavar="L",
+                   help="simulate candidates with more than L layers per pipeline stage at "
+                        "reduced depth (2 and 4 layers, extrapolated); 0: every candidate "
+                        "deeper than 4")
     p.add_argument("--check", type=number(int, minimum=0), default=0, metavar="N",
                    help="simulate the first N extrapolated candidates at full depth too and "
                         "print the extrapolation's error (minutes each at paper scale)")
@@ -72,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     cluster = parse_cluster(args.cluster, args.calibration or None)
     options = SearchOptions(args.budget * 60, args.jobs, args.max_candidates,
                             Path(args.cache) if args.cache else None, args.timeout,
-                            progress=log.info)
+                            progress=log.info, reduce_above=args.reduce_above)
     result = plan(args.model, cluster, args.seq, args.global_batch, args.dtype, args.dec_seq,
                   options)
     lines = summary_lines(result) + [""] + table_lines(result, args.top) + [""] + \

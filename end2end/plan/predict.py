@@ -12,6 +12,14 @@ linearly to the model's ``L`` layers per stage::
 for the step time, the per-phase times, the peak memory per rank and what the simulator
 judges ``sim-oom`` by. ``K1 = 2`` keeps a checkpoint ratio of 0.5 a whole layer. Models with at
 most ``K2`` layers per stage, encoder-decoders and vision models are simulated at full depth.
+
+When it pays: a simulation's cost is mostly fixed (worker processes, imports, building the
+runtime; a process per pipeline stage and per micro-batch count), and only a little grows with
+the layers: LLaMA-7B at sequence 4096 on 32 H100s simulated in about the same time at 2 and at
+32 layers (the ``--check`` lines of ``docs/results/plan/llama-7b_h100-80gb-8x4.txt`` give the
+seconds). So two reduced simulations cost more than one full one until a stage holds many
+layers, and the planner reduces only above :data:`REDUCE_ABOVE` layers per stage
+(``--reduce-above``; 0 reduces every candidate deeper than ``K2``).
 The error of the extrapolation against full-depth simulations is checked by
 ``tests/end2end/plan/test_predict.py`` and reported in docs/planning.md.
 
@@ -38,9 +46,13 @@ from end2end.plan.shapes import with_size
 from end2end.plan.space import Candidate, ckpt_fraction
 from end2end.spec.runspec import DTYPES
 
-__all__ = ["DEPTHS", "Prediction", "predict", "simulate_cached", "sources_hash", "PHASES"]
+__all__ = ["DEPTHS", "REDUCE_ABOVE", "Prediction", "reduced_models", "predict",
+           "simulate_cached", "sources_hash", "PHASES"]
 
 DEPTHS = (2, 4)  # layers per pipeline stage of the two reduced-depth copies
+#: Layers per stage above which the reduced copies are simulated instead of the model (below,
+#: one full-depth simulation costs less than two reduced ones: module docstring)
+REDUCE_ABOVE = 48
 PHASES = ("compute", "recompute", "communication", "bubble")
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -108,12 +120,14 @@ def simulate_cached(spec, cluster: Cluster, cache: Optional[Path], timeout: floa
     return dict(values, _seconds=time.perf_counter() - began)
 
 
-def reduced_models(cand: Candidate, folder: Path) -> List[Tuple[int, str]]:
-    """``[(layers per stage, model name)]`` to simulate: the two reduced copies, or the model
-    itself (module docstring)."""
+def reduced_models(cand: Candidate, folder: Path, reduce_above: int = REDUCE_ABOVE
+                   ) -> List[Tuple[int, str]]:
+    """``[(layers per stage, model name)]`` to simulate: the two reduced copies when the
+    candidate has more than ``reduce_above`` layers per stage, else the model itself (module
+    docstring)."""
     spec = get_model_spec(cand.model)
     per_stage = spec.layers // cand.pp
-    if spec.is_encoder_decoder or spec.is_vision or per_stage <= DEPTHS[-1]:
+    if spec.is_encoder_decoder or spec.is_vision or per_stage <= max(DEPTHS[-1], reduce_above):
         return [(per_stage, cand.model)]
     names = [with_size(cand.model, "layers", k * cand.pp, folder) for k in DEPTHS]
     if any(n is None for n in names):

@@ -11,7 +11,8 @@ order within a time budget, and ranked again by the simulator's predictions.
    order. Each of those is, among the mode's candidates estimated within
    :data:`CHEAP_WITHIN` of its best, the one with the fewest pipeline stages: every stage is a
    simulated role, so a deep pipeline costs several times a flat layout to simulate;
-3. simulations (:mod:`end2end.plan.predict`, ``jobs`` at a time) until the queue is empty or
+3. simulations (:mod:`end2end.plan.predict`, ``jobs`` candidates at a time, each in worker
+   processes of its own) until the queue is empty or
    ``max_candidates`` are simulated; a candidate whose simulation would overrun ``budget_s``
    (guessed from those before it, per pipeline stage) is left out. A candidate
    predicted out of memory prunes, unsimulated, every candidate of its mode and layout that
@@ -28,7 +29,7 @@ from.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -38,7 +39,8 @@ from slapo.errors import ConfigError
 from end2end.models import get_model_spec
 from end2end.plan.cluster import Cluster
 from end2end.plan.estimate import estimate_memory, estimate_seconds
-from end2end.plan.predict import Prediction, predict, reduced_models, simulate_cached
+from end2end.plan.predict import (REDUCE_ABOVE, Prediction, predict, reduced_models,
+                                  simulate_cached)
 from end2end.plan.shapes import with_size
 from end2end.plan.space import PLANNED_MODES, Candidate, Space, ckpt_fraction, enumerate_space
 
@@ -154,9 +156,10 @@ class _Budget:
     max_candidates: Optional[int]
     began: float = field(default_factory=time.perf_counter)
     per_stage: List[float] = field(default_factory=list)  # wall seconds / stages, per candidate
+    started: int = 0
 
     def allows(self, cand: Candidate) -> bool:
-        if self.max_candidates is not None and len(self.per_stage) >= self.max_candidates:
+        if self.max_candidates is not None and self.started >= self.max_candidates:
             return False
         guess = max(self.per_stage, default=0.0) * cand.pp
         return time.perf_counter() - self.began + guess <= self.seconds
@@ -165,16 +168,67 @@ class _Budget:
         self.per_stage.append(seconds / cand.pp)
 
 
-def _simulate(item: Evaluated, cluster: Cluster, cache: Optional[Path], timeout: float,
-              pool: ThreadPoolExecutor, folder: Path) -> Tuple[int, int]:
-    """Simulate one candidate (its reduced copies in parallel); (simulations, cache hits)."""
-    cand = item.candidate
-    models = reduced_models(cand, folder)
-    futures = [(k, pool.submit(simulate_cached, cand.run_spec(model=name), cluster, cache,
-                               timeout)) for k, name in models]
-    runs = [(k, f.result()) for k, f in futures]
-    item.prediction = predict(cand, runs, cluster)
-    return len(runs), sum(1 for _, v in runs if v.get("_seconds") == 0.0)
+class _Search:
+    """The simulation loop (module docstring, step 3): ``jobs`` candidates at a time."""
+
+    def __init__(self, queue: List[Evaluated], cluster: Cluster, options: "SearchOptions",
+                 folder: Path):
+        self.queue, self.cluster, self.o, self.folder = queue, cluster, options, folder
+        self.budget = _Budget(options.budget_s, options.max_candidates)
+        self.done: List[Evaluated] = []
+        self.ooms: List[Candidate] = []
+        self.skipped = self.sims = self.hits = self.over_budget = 0
+
+    def _next(self) -> Optional[Evaluated]:
+        while self.queue:
+            item = self.queue.pop(0)
+            if any(_dominated_by_oom(item.candidate, oom) for oom in self.ooms):
+                self.skipped += 1
+            elif not self.budget.allows(item.candidate):
+                self.over_budget += 1
+            else:
+                self.budget.started += 1
+                return item
+        return None
+
+    def _simulate(self, item: Evaluated) -> float:
+        """Simulate one candidate (its reduced copies one after the other); wall seconds."""
+        began, cand = time.perf_counter(), item.candidate
+        models = reduced_models(cand, self.folder, self.o.reduce_above)
+        runs = [(k, simulate_cached(cand.run_spec(model=name), self.cluster, self.o.cache,
+                                    self.o.timeout)) for k, name in models]
+        item.prediction = predict(cand, runs, self.cluster)
+        self.sims += len(runs)
+        self.hits += sum(1 for _, v in runs if v.get("_seconds") == 0.0)
+        return time.perf_counter() - began
+
+    def _record(self, item: Evaluated, seconds: float) -> None:
+        self.budget.record(item.candidate, seconds)
+        self.done.append(item)
+        p = item.prediction
+        assert p is not None
+        if p.status == "sim-oom":
+            self.ooms.append(item.candidate)
+            _next_of_mode_first(self.queue, item.candidate.mode, self.done, self.ooms)
+        self.o.progress(f"[{len(self.done)}] {item.candidate.label}: {p.status} "
+                        f"{p.samples_per_s:.4g} samples/s, {p.memory_gb:.3g} GB ({seconds:.0f} s)")
+
+    def run(self) -> List[Evaluated]:
+        """Simulate until the queue is empty; the simulated candidates."""
+        jobs = max(1, self.o.jobs)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            running: Dict[Future, Evaluated] = {}
+            while True:
+                while len(running) < jobs:
+                    item = self._next()
+                    if item is None:
+                        break
+                    running[pool.submit(self._simulate, item)] = item
+                if not running:
+                    return self.done
+                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for future in finished:
+                    self._record(running.pop(future), future.result())
 
 
 def _rank_key(e: Evaluated) -> Tuple[bool, float]:
@@ -187,7 +241,8 @@ class SearchOptions:
     """How :func:`plan` searches: ``budget_s`` seconds of simulation, ``jobs`` simulations at a
     time, at most ``max_candidates`` simulated, ``cache`` (``None``: simulate everything),
     ``timeout`` seconds per simulation, the ``modes`` searched, ``progress`` called with a
-    line per simulated candidate."""
+    line per simulated candidate, ``reduce_above``: layers per stage above which a candidate
+    is simulated at reduced depth (:func:`end2end.plan.predict.reduced_models`)."""
 
     budget_s: float = 600.0
     jobs: int = 2
@@ -196,6 +251,7 @@ class SearchOptions:
     timeout: float = 600.0
     modes: Tuple[str, ...] = PLANNED_MODES
     progress: Callable[[str], None] = field(default=lambda text: None)
+    reduce_above: int = REDUCE_ABOVE
 
 
 def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
@@ -214,33 +270,10 @@ def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
                           hint="use more or larger devices, a smaller --global-batch or --seq")
     items = [Evaluated(c, estimate_seconds(c, cluster), estimate_memory(c, cluster) / 1e9)
              for c in space.candidates]
-    queue, budget = _queue(items, cluster.memory_bytes), _Budget(o.budget_s, o.max_candidates)
-    done: List[Evaluated] = []
-    ooms: List[Candidate] = []
-    skipped = sims = hits = over_budget = 0
-    with ThreadPoolExecutor(max_workers=max(1, o.jobs)) as pool:
-        while queue:
-            item = queue.pop(0)
-            if any(_dominated_by_oom(item.candidate, oom) for oom in ooms):
-                skipped += 1
-                continue
-            if not budget.allows(item.candidate):
-                over_budget += 1
-                continue
-            t0 = time.perf_counter()
-            n, h = _simulate(item, cluster, o.cache, o.timeout, pool, folder)
-            sims, hits = sims + n, hits + h
-            budget.record(item.candidate, time.perf_counter() - t0)
-            done.append(item)
-            p = item.prediction
-            assert p is not None
-            if p.status == "sim-oom":
-                ooms.append(item.candidate)
-                _next_of_mode_first(queue, item.candidate.mode, done, ooms)
-            o.progress(f"[{len(done)}] {item.candidate.label}: {p.status} "
-                     f"{p.samples_per_s:.3g} samples/s, {p.memory_gb:.3g} GB "
-                     f"({time.perf_counter() - t0:.0f} s)")
+    search = _Search(_queue(items, cluster.memory_bytes), cluster, o, folder)
+    done = search.run()
     ranked = sorted(done, key=_rank_key)
     notes += [cluster.note] if cluster.note else []
-    return PlanResult(model, cluster, seq, batch, dtype, space, ranked, skipped, over_budget,
-                      sims, hits, time.perf_counter() - began, notes)
+    return PlanResult(model, cluster, seq, batch, dtype, space, ranked, search.skipped,
+                      search.over_budget, search.sims, search.hits,
+                      time.perf_counter() - began, notes)
