@@ -6,6 +6,7 @@ objects, same names)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import operator
 from typing import Callable, Iterator
 
@@ -17,7 +18,8 @@ from .baked import BakedState, ConfigReads, check_baked
 from .guards import check_global_state
 from .original import keep_original
 
-__all__ = ["drop_dead_reads", "guard_global_state", "guard_baked_state", "graph_module"]
+__all__ = ["drop_dead_reads", "guard_global_state", "guard_baked_state", "graph_module",
+           "TracedGraphModule"]
 
 _BAKED = "_slapo_baked"  # the traced module's BakedState (a get_attr target)
 
@@ -88,10 +90,35 @@ def drop_dead_reads(graph: fx.Graph) -> None:
             graph.erase_node(node)
 
 
+class TracedGraphModule(fx.GraphModule):
+    """The GraphModule of a traced module; its ``copy.deepcopy`` is a copy of all of it.
+
+    ``fx.GraphModule.__deepcopy__`` rebuilds the copy from the graph: it keeps only the
+    modules and tensors the graph names (an intermediate module of a dotted target becomes an
+    empty ``nn.Module``), and drops plain attributes (``config``, a bound
+    ``gradient_checkpointing`` the guards check, the kept original), hooks and forward
+    wrappers, so the copy of a traced model (``slapo.Verify``'s snapshot) refused to run or
+    lost state. Here every entry of the module's ``__dict__`` is copied as well."""
+
+    def __deepcopy__(self, memo: dict) -> fx.GraphModule:
+        res = super().__deepcopy__(memo)
+        type(res).__name__ = type(self).__name__  # the traced class's name, as fx gave it
+        for k, v in self.__dict__.items():
+            if k in _MODULE_STATE or k not in res.__dict__ or (
+                    k.startswith(_HOOKS) and v):
+                res.__dict__[k] = copy.deepcopy(v, memo)
+        return res
+
+
+_MODULE_STATE = ("_modules", "_parameters", "_buffers", "_non_persistent_buffers_set")
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+          "_is_full_backward_hook")
+
+
 def graph_module(mod: nn.Module, graph: fx.Graph) -> fx.GraphModule:
     """A GraphModule for ``graph`` with exactly ``mod``'s children, parameters, buffers (in
     order, same objects), plain attributes, hooks and forward wrappers."""
-    gm = fx.GraphModule(mod, graph, class_name=type(mod).__name__)
+    gm = TracedGraphModule(mod, graph, class_name=type(mod).__name__)
     constants = [n.target for n in graph.nodes
                  if n.op == "get_attr" and n.target.startswith("_tensor_constant")]
     gm._modules.clear()

@@ -237,3 +237,28 @@ def test_a_copy_of_a_traced_model_checks_its_own_config():
     twin.set_attn_implementation("eager")
     _refusal(twin, inputs, r"config._attn_implementation = 'sdpa'")
     assert_same_training(ref, model, inputs)  # the original's config did not change
+
+
+@pytest.mark.parametrize("path,options", [("model.layers.0", dict(flatten=True)),
+                                          ("model", dict())], ids=["layer-flat", "model"])
+def test_a_copy_of_a_traced_model_is_all_of_it(path, options):
+    """fx's own deepcopy of a GraphModule keeps only what the graph names: the copy lost the
+    bound ``gradient_checkpointing`` (and refused to run: "traced with gradient_checkpointing
+    = False but it is <absent> now"), plain attributes, children the graph does not call and
+    hooks. ``slapo.Verify`` snapshots the model with a deepcopy."""
+    import copy
+
+    ref, model = _traced("llama", path, **options)
+    calls = []
+    model.get_submodule(path).register_forward_hook(lambda *a: calls.append(1))
+    twin = copy.deepcopy(copy.deepcopy(model))  # a copy of a copy too
+    traced, copied = model.get_submodule(path), twin.get_submodule(path)
+    assert copied.__dict__.keys() == traced.__dict__.keys()
+    assert list(twin.state_dict()) == list(model.state_dict())
+    assert [type(m).__name__ for m in copied.modules()] == \
+        [type(m).__name__ for m in traced.modules()]
+    assert_same_training(ref, twin, example_inputs("llama", **RUN), rtol=0.0, atol=0.0)
+    assert calls == [1]  # the copy's hook ran
+    twin.gradient_checkpointing_enable()  # the copy's flags are the copy's own
+    _refusal(twin, example_inputs("llama", **RUN), r"gradient_checkpointing = False")
+    assert_same_training(ref, model, example_inputs("llama", **RUN), rtol=0.0, atol=0.0)
