@@ -44,6 +44,7 @@ from .runtime.lifecycle import install_exit_hook as _install_exit_hook
 from .runtime.rng import get_rng_tracker, is_random_seed_set, set_random_seed
 from .schedule import Schedule, create_schedule
 from .sharding import check_layouts, reduce_replicated_grads
+from .trace.compute_dtype import compute_dtype
 from .trace.pattern import Subgraph, call_module
 from .verification.explain import explain
 from .verification.rules import Problem, check_schedule
@@ -61,7 +62,7 @@ __all__ = [
     "explain",
     "check_schedule", "Problem",
     "Primitive", "register_primitive", "list_primitives",
-    "History", "HistoryEntry", "Deferred", "Subgraph", "call_module",
+    "History", "HistoryEntry", "Deferred", "Subgraph", "call_module", "compute_dtype",
     "checkpoint", "init_empty_weights", "materialize", "save_checkpoint", "load_checkpoint",
     "load_pretrained", "export_pretrained", "save_training_state", "load_training_state",
     "TrainingState",

@@ -202,7 +202,9 @@ def prepare_hf_model(request: RunnerRequest) -> nn.Module:
     # A pipeline's stages are traced when the schedule cuts them, and a traced graph refuses a
     # dtype other than its trace's (slapo.trace guards): cast before the schedule, as DeepSpeed's
     # fp16/bf16 engine would cast the module after it (its fp32 masters are made from the cast
-    # parameters either way).
+    # parameters either way). Without a pipeline, such a runtime keeps the fp32 model and the
+    # schedule traces inside slapo.compute_dtype (scheduled_model); that would serve here too
+    # (tests/end2end/driver/test_low_precision_traces.py passes either way).
     traced_stages = request.pipeline_parallel > 1
     if request.low_precision and (not mode.mixed_precision or mode.master_weights != "runtime"
                                   or traced_stages):
@@ -222,12 +224,15 @@ def scheduled_model(request: RunnerRequest) -> slapo.Schedule:
         # this rank's heads) needs the TP stream now; the RNG state the schedule sees is kept
         with _rng_state_kept():
             _seed_tensor_parallel_streams(request, group)
-    if isinstance(schedule, ModelSchedule):
-        sch = schedule.apply(model, group)
-    else:
-        sch = slapo.create_schedule(model, group=group)
-        if schedule is not None:
-            schedule(sch)
+    # traces see the model as the runtime computes it: a mixed-precision runtime given the
+    # fp32 model (FSDP2's policy, DeepSpeed's engine) computes in the low dtype
+    with slapo.compute_dtype(request.dtype if request.low_precision else None):
+        if isinstance(schedule, ModelSchedule):
+            sch = schedule.apply(model, group)
+        else:
+            sch = slapo.create_schedule(model, group=group)
+            if schedule is not None:
+                schedule(sch)
     _seed_tensor_parallel_streams(request, group)
     return sch
 

@@ -16,6 +16,7 @@ import torch.fx as fx
 from torch import nn
 
 from ..errors import TraceError
+from ..trace.compute_dtype import inputs_as_computed, parameters_as_computed
 from ..trace.dynamo import check_tracer, trace_dynamo
 from ..trace.stand_ins import meta_stand_ins
 from ..trace.tracer import Inputs, has_wrappers, is_builtin_leaf, trace_module
@@ -58,10 +59,11 @@ def capture_inputs(root: nn.Module, target: nn.Module, example_inputs: Any, path
         got.append((_detach(args), _detach(kwargs)))
         raise _Captured
 
-    args, kwargs = as_inputs(example_inputs)
+    args, kwargs = as_inputs(inputs_as_computed(example_inputs))
     handle = target.register_forward_pre_hook(hook, with_kwargs=True, prepend=True)
     try:
-        with torch.random.fork_rng(devices=[]), torch.no_grad(), meta_stand_ins(root):
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), \
+                parameters_as_computed(root), meta_stand_ins(root):
             root(*args, **kwargs)
     except _Captured:
         pass
@@ -76,6 +78,13 @@ def capture_inputs(root: nn.Module, target: nn.Module, example_inputs: Any, path
 
 
 def _resolve_inputs(sch, inputs: Any, example_inputs: Any) -> Inputs:
+    """The module's ``(args, kwargs)``, floating-point tensors in the compute dtype of an
+    enclosing :func:`~slapo.trace.compute_dtype.compute_dtype` block."""
+    args, kwargs = _given_or_captured(sch, inputs, example_inputs)
+    return inputs_as_computed(tuple(args)), inputs_as_computed(dict(kwargs))
+
+
+def _given_or_captured(sch, inputs: Any, example_inputs: Any) -> Inputs:
     root = sch.root
     if example_inputs is not None:
         root.metadata[_INPUTS_KEY] = example_inputs

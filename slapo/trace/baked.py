@@ -113,10 +113,13 @@ def check_tensor_attr(value: Any, attr: str, expected: Any, name: str, site: str
     example value: it must be what it was when the module was traced."""
     now = getattr(value, attr)
     if now != expected:
+        mixed = (" (a runtime computing in a lower precision than the fp32 weights it keeps, "
+                 "FSDP2 or DeepSpeed: trace inside slapo.compute_dtype(dtype))"
+                 if attr == "dtype" else "")
         raise TraceError(
             _reset_message(path, f"{name}.{attr}", expected, now, site),
             hint=f"trace with example inputs and weights of the {attr} you run with "
-            "(model.to(...) before trace()), or make the module reading it a leaf "
+            f"(model.to(...) before trace(){mixed}), or make the module reading it a leaf "
             "(trace(leaves=[...]))")
 
 

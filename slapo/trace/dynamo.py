@@ -48,6 +48,7 @@ from torch.utils import _pytree as pytree
 from ..errors import TraceError
 from ..runtime.forward_wrap import forward_wrappers
 from .baked import BakedState, ConfigReads
+from .compute_dtype import active_compute_dtype
 from .modes import TracedModeError, merge_modes, other_mode, unchanged_buffers
 from .original import keep_original
 
@@ -290,6 +291,14 @@ def trace_dynamo(sch, inputs: Any, *, leaves: Any, flatten: bool, recursive: boo
         raise TraceError("leaves=, flatten= and recursive= are options of the default tracer",
                          path=sch.path, call="trace(tracer='dynamo')", module=sch.mod,
                          hint="drop them: a dynamo graph is always flat, without leaves")
+    dtype = active_compute_dtype()
+    if dtype is not None and any(p.is_floating_point() and p.dtype != dtype
+                                 for p in sch.mod.parameters()):
+        raise TraceError(f"the dynamo tracer cannot trace for the compute dtype {dtype} "
+                         "(slapo.compute_dtype): its graph would hold the parameters' dtype",
+                         path=sch.path, call="trace(tracer='dynamo')", module=sch.mod,
+                         hint="use the default tracer (tracer='fx'), or cast the model to "
+                         "the dtype before tracing")
     gm = export_module(sch.mod, inputs, path=sch.path)
     sch.swap_module(gm)
     sch.metadata["trace"] = {"tracer": TRACER, "flatten": True, "leaves": []}

@@ -49,6 +49,7 @@ from torch.fx.proxy import Attribute
 from ..errors import TraceError
 from ..runtime.forward_wrap import forward_wrappers
 from .baked import GUARDED_TENSOR_ATTRS, ConfigReads, check_tensor_attr
+from .compute_dtype import parameters_as_computed
 from .graph_module import drop_dead_reads, graph_module, guard_baked_state, guard_global_state
 from .guards import (check_branch, check_kwargs, check_number, check_specialized,
                      model_source_site, record_global_reads)
@@ -386,7 +387,8 @@ def _trace_graph(tracer: "ValueTracer", mod: nn.Module, path: str) -> fx.Graph:
     """One trace of ``mod`` (the global RNG state is left as it was)."""
     state = torch.random.get_rng_state()
     try:
-        with torch.random.fork_rng(devices=[]), unchanged_buffers(mod), meta_stand_ins(mod), \
+        with torch.random.fork_rng(devices=[]), unchanged_buffers(mod), \
+                parameters_as_computed(mod), meta_stand_ins(mod), \
                 isinstance_sees_values(ValueProxy), leaf_callables(mod), \
                 record_global_reads(tracer.global_reads), tracer.config_reads:
             graph = tracer.trace(mod)
