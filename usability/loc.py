@@ -5,14 +5,15 @@
 Counts the *code lines* of every registered model schedule (``slapo.model_schedule``): lines
 holding Python tokens, without blank lines, comments, docstrings and imports. A recipe module
 may register two families (``bert.py``: bert and roberta; ``gpt2.py``: gpt2 and gpt_neo); their
-lines are counted once and both families list the module. The shared helpers (``common.py``,
-``checkpointing.py``) are counted once, in rows of their own, since the recipes call them the way
-the paper's schedules call primitives. The ``auto`` schedule (``auto.py``: a schedule derived from
+lines are counted once and both families list the module. The shared helpers (``common.py``
+with the ``replacements.py`` and ``pipeline_cuts.py`` it re-exports, ``checkpointing.py``) are
+counted once, in rows of their own (``SHARED_HELPERS``), since the recipes call them the way the
+paper's schedules call primitives. The ``auto`` schedule (``auto.py``: a schedule derived from
 the model's own tensor-parallel plan, for any family that declares one) is a generator, not a
 recipe of one family: its row counts ``auto.py``, and the plan interpreter it alone calls
 (``auto_checks.py``: the decisions made before any change; ``tp_plan/``: plan styles ->
-primitives, a package counted as one row; ``moe.py``: experts and routers) has rows of its
-own (``AUTO_HELPERS``). What a user writes for it is one line, ``apply_schedule(model,
+primitives, a package counted as one row; ``moe.py``: experts and routers; ``moe_dense.py``:
+Llama 4's dense-routed experts) has rows of its own (``AUTO_HELPERS``). What a user writes for it is one line, ``apply_schedule(model,
 "auto")``. The paper's counts (Table 4) are listed beside; they
 count condensed ``.schedule`` pseudo-code with another rule (every line minus those containing
 "for"), so they are a reference, not the same measurement.
@@ -30,14 +31,17 @@ import tokenize
 from pathlib import Path
 from typing import Dict, List, Set
 
-__all__ = ["code_lines", "table", "PAPER_LOC", "AUTO_HELPERS"]
+__all__ = ["code_lines", "table", "PAPER_LOC", "AUTO_HELPERS", "SHARED_HELPERS"]
 
 # Table 4 of the paper (artifact README; ``wrn`` = wideresnet, ``gpt`` = GPT-Neo's schedule).
 PAPER_LOC = {"bert": 21, "roberta": 21, "t5": 11, "wideresnet": 12, "llama": 11, "opt": 10,
              "gpt_neo": 10}
 
+# Modules the recipes share (counted once each, in rows of their own).
+SHARED_HELPERS = ("common", "replacements", "pipeline_cuts", "checkpointing")
+
 # Modules only the ``auto`` schedule calls: its plan interpreter (counted once, beside it).
-AUTO_HELPERS = ("auto_checks", "tp_plan", "moe")
+AUTO_HELPERS = ("auto_checks", "tp_plan", "moe", "moe_dense")
 
 _SKIP_TOKENS = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT,
                 tokenize.DEDENT, tokenize.ENCODING, tokenize.ENDMARKER}
@@ -71,7 +75,7 @@ def code_lines(source: str) -> int:
 def table() -> List[Dict[str, object]]:
     """One row per built-in family (module, code lines, families sharing the module, the
     paper's count), then the shared helpers, then the auto schedule's plan interpreter."""
-    from slapo.model_schedule import checkpointing, common, registry
+    from slapo.model_schedule import common, registry
 
     package = Path(inspect.getsourcefile(common)).parent
     by_module: Dict[str, List[str]] = {}
@@ -86,8 +90,8 @@ def table() -> List[Dict[str, object]]:
             rows.append(dict(family=name, module=f"slapo/model_schedule/{Path(path).name}",
                              lines=lines, shared_with=[n for n in names if n != name],
                              paper=PAPER_LOC.get(name)))
-    for mod in (common, checkpointing):
-        path = Path(inspect.getsourcefile(mod))
+    for name in SHARED_HELPERS:
+        path = package / f"{name}.py"
         rows.append(dict(family="(shared helpers)", module=f"slapo/model_schedule/{path.name}",
                          lines=code_lines(path.read_text()), shared_with=["all"], paper=None))
     for name in AUTO_HELPERS:

@@ -36,7 +36,9 @@ def test_every_registered_schedule_has_a_row():
     assert builtin <= set(list_model_schedules())  # (tests may register more)
     assert sorted(r["family"] for r in recipes) == sorted(builtin)
     shared = [r["module"] for r in rows if r["family"] == "(shared helpers)"]
-    assert shared == ["slapo/model_schedule/common.py", "slapo/model_schedule/checkpointing.py"]
+    assert shared == ["slapo/model_schedule/common.py", "slapo/model_schedule/replacements.py",
+                      "slapo/model_schedule/pipeline_cuts.py",
+                      "slapo/model_schedule/checkpointing.py"]
     by = {r["family"]: r for r in rows}
     assert by["bert"]["module"] == by["roberta"]["module"]
     assert by["bert"]["shared_with"] == ["roberta"]
@@ -44,7 +46,7 @@ def test_every_registered_schedule_has_a_row():
     assert all(0 < r["lines"] <= 80 for r in recipes if r["family"] != "auto")
     auto = [r["module"] for r in rows if r["shared_with"] == ["auto"]]
     assert auto == ["slapo/model_schedule/auto_checks.py", "slapo/model_schedule/tp_plan/",
-                    "slapo/model_schedule/moe.py"]
+                    "slapo/model_schedule/moe.py", "slapo/model_schedule/moe_dense.py"]
     assert by["auto"]["module"] == "slapo/model_schedule/auto.py" and by["auto"]["lines"] > 0
     assert by["gpt_neo"]["paper"] == 10 and by["albert"]["paper"] is None
 
