@@ -13,10 +13,10 @@ the model's own tensor-parallel plan, for any family that declares one) is a gen
 recipe of one family: its row counts ``auto.py``, and the plan interpreter it alone calls
 (``auto_checks.py``: the decisions made before any change; ``tp_plan/``: plan styles ->
 primitives, a package counted as one row; ``moe.py``: experts and routers; ``moe_dense.py``:
-Llama 4's dense-routed experts) has rows of its own (``AUTO_HELPERS``). What a user writes for it is one line, ``apply_schedule(model,
-"auto")``. The paper's counts (Table 4) are listed beside; they
-count condensed ``.schedule`` pseudo-code with another rule (every line minus those containing
-"for"), so they are a reference, not the same measurement.
+Llama 4's dense-routed experts) has rows of its own (``AUTO_HELPERS``). What a user writes
+for it is one line, ``apply_schedule(model, "auto")``. The paper's counts (Table 4) are listed
+beside; they count condensed ``.schedule`` pseudo-code with another rule (every line minus
+those containing "for"), so they are a reference, not the same measurement.
 """
 
 from __future__ import annotations
