@@ -19,6 +19,9 @@
                            cores) and commit(s) from its ``# env`` header and rows, the package
                            versions, and the command that made it (``FILE`` with the suffix
                            ``.cmd``: one command per line, committed beside it)
+``commands SOURCE``        how long each of the README's commands took, when, where and at
+                           which commit, from the runs' own records
+                           (:mod:`end2end.report.commands_table`)
 =========================  ===============================================================
 
 ``FILE`` is relative to the repository root. Add a kind with ``@generator("name")``
@@ -35,7 +38,8 @@ from slapo.errors import SlapoError
 
 from end2end.results.store import read_results
 
-from . import paper, predicted, proof_table, studies, validation_table  # noqa: F401  (kinds)
+from . import (commands_table, paper, predicted, proof_table, studies,  # noqa: F401  (kinds)
+               validation_table)
 from .blocks import Block, ReportError
 from .registry import GENERATORS, generator, result_rows, results_path
 
