@@ -25,20 +25,24 @@ def test_llama4_auto_one_rank():
 
 
 def _sharded_and_verified():
-    """Each rank holds half of every expert tensor (either form), and ``slapo.verify`` maps
-    them to the unscheduled model's (outputs and every gradient)."""
+    """Llama 4 Maverick's layout (dense MLP layers interleaved with MoE ones, the plan's
+    ``feed_forward.*_proj`` entries for the former): each rank holds half of every expert
+    tensor (either form), and ``slapo.verify`` maps them to the unscheduled model's (outputs
+    and every gradient)."""
     import slapo
     from slapo.model_schedule import apply_schedule
     from slapo.testing.models import tiny_plan_model
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    ref = tiny_plan_model("llama4_text")
-    experts = ref.model.layers[0].feed_forward.experts
+    ref = tiny_plan_model("llama4_text", num_hidden_layers=4, interleave_moe_layer_step=2)
+    assert [hasattr(layer.feed_forward, "experts") for layer in ref.model.layers] == [
+        False, True, False, True]
+    experts = ref.model.layers[1].feed_forward.experts
     ids = torch.randint(3, 128, (2, 6), generator=torch.Generator().manual_seed(0))
     for expert_parallel, axes in ((False, (2, 1)), (True, (0, 0))):
         sch = apply_schedule(copy.deepcopy(ref), "auto", expert_parallel=expert_parallel)
-        local = sch.mod.model.layers[0].feed_forward.experts
+        local = sch.mod.model.layers[1].feed_forward.experts
         for name, axis in zip(("gate_up_proj", "down_proj"), axes):
             assert getattr(local, name).shape[axis] * 2 == getattr(experts, name).shape[axis]
         report = slapo.verify(sch, {"input_ids": ids, "labels": ids}, reference=ref)
