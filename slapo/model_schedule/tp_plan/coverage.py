@@ -167,10 +167,13 @@ def check_coverage(model: nn.Module, plan: Dict[str, str], entries: Sequence[Pla
                           for entry, there in cov.misaddressed[:3])
         more = (f" and {len(cov.misaddressed) - 3} more" if len(cov.misaddressed) > 3 else "")
         largest = ", ".join(f"{g} ({n / cov.total:.0%})" for g, n in cov.whole[:3])
+        total = {id(p): p.numel() for p in model.parameters()}
+        overall = sum(_sharded_ids(model, entries).values()) / max(1, sum(total.values()))
         raise ConfigError(
             f"the plan would shard only {cov.fraction:.0%} of the parameters of '{cov.path}' "
-            f"({cov.sharded} of {cov.total}): entries match no module while modules of their "
-            f"name stay whole: {shown}{more}; largest parts left whole: {largest}",
+            f"({cov.sharded} of {cov.total}; {overall:.0%} of the whole model's): entries match "
+            f"no module while modules of their name stay whole: {shown}{more}; largest parts "
+            f"left whole: {largest}",
             path=cov.path, call="apply_schedule('auto')",
             hint="rename the entries (config.base_model_tp_plan / the model's _tp_plan) to the "
             "layers' module paths, or schedule this model by hand")
