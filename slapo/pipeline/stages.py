@@ -87,8 +87,8 @@ def _structure(node: Any) -> Any:
     if isinstance(node, fx.Node) and node.op == "call_function":
         if node.target is _identity:
             return node.args[0]
-        if getattr(node.target, "__name__", "").startswith("make_") and \
-                node.target.__module__ == "slapo.trace.tracer":
+        # a tracer's output builder (slapo.trace.example_values, a sibling layer: by marker)
+        if getattr(node.target, "_slapo_output_builder", False) is True:
             return dict(node.args[0])
     return None
 

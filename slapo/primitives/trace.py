@@ -18,6 +18,7 @@ from torch import nn
 from ..errors import TraceError
 from ..trace.compute_dtype import inputs_as_computed, parameters_as_computed
 from ..trace.dynamo import check_tracer, trace_dynamo
+from ..trace.example_values import detached
 from ..trace.stand_ins import meta_stand_ins
 from ..trace.tracer import Inputs, has_wrappers, is_builtin_leaf, trace_module
 from .module_checks import format_call
@@ -51,12 +52,10 @@ def capture_inputs(root: nn.Module, target: nn.Module, example_inputs: Any, path
     The forward stops right after the capture (nothing after it runs) and the global RNG state
     is left untouched.
     """
-    from ..trace.tracer import _detach
-
     got = []
 
     def hook(mod, args, kwargs):
-        got.append((_detach(args), _detach(kwargs)))
+        got.append((detached(args), detached(kwargs)))
         raise _Captured
 
     args, kwargs = as_inputs(inputs_as_computed(example_inputs))

@@ -1,7 +1,8 @@
 """Trace-by-need: turn one module into a graph that keeps the module hierarchy, and find
 patterns in such graphs.
 
-- :mod:`~slapo.trace.tracer`: the value-propagating ``fx`` tracer (``trace_module``).
+- :mod:`~slapo.trace.tracer`: the value-propagating ``fx`` tracer (``trace_module``);
+  :mod:`~slapo.trace.example_values`: which example inputs stay symbolic, copies kept for later.
 - :mod:`~slapo.trace.guards`: the guards that make specialised branches and arguments fail loudly.
 - :mod:`~slapo.trace.modes`: traces exact in training and evaluation mode, or refusing one.
 - :mod:`~slapo.trace.compute_dtype`: traces for a mixed-precision runtime (``compute_dtype``).

@@ -31,8 +31,6 @@ attributes (``config``, ``layer_idx`` ...) are copied. A callable attribute whos
 
 from __future__ import annotations
 
-import copy
-import functools
 import inspect
 import operator
 import traceback
@@ -43,13 +41,13 @@ import torch.fx as fx
 from torch import nn
 from torch.fx._symbolic_trace import _maybe_revert_all_patches
 from torch.fx.node import map_arg
-from torch.fx.immutable_collections import immutable_dict
 from torch.fx.proxy import Attribute
 
 from ..errors import TraceError
 from ..runtime.forward_wrap import forward_wrappers
 from .baked import GUARDED_TENSOR_ATTRS, ConfigReads, check_tensor_attr
 from .compute_dtype import parameters_as_computed
+from .example_values import detached, is_dynamic, is_literal, output_builder
 from .graph_module import drop_dead_reads, graph_module, guard_baked_state, guard_global_state
 from .guards import (check_branch, check_kwargs, check_number, check_specialized,
                      model_source_site, record_global_reads)
@@ -65,27 +63,6 @@ Inputs = Tuple[Tuple[Any, ...], Dict[str, Any]]
 # Attributes of a tensor value that are specialised to constants, each read guarded (never
 # shapes): slapo.trace.baked.
 _CONST_ATTRS = frozenset(GUARDED_TENSOR_ATTRS)
-_LITERALS = (type(None), bool, int, float, str)
-
-
-@functools.lru_cache(maxsize=None)
-def _output_builder(cls: type) -> Callable:
-    """A graph-callable that rebuilds a dict-like output (e.g. a HF ``ModelOutput``); one per
-    class, so traces in the two modes call the same function."""
-
-    def build(fields: Dict[str, Any]) -> Any:
-        return cls(**fields)
-
-    build.__name__ = f"make_{cls.__name__}"
-    build.__qualname__ = build.__name__
-    return build
-
-
-def _dynamic(value: Any) -> bool:
-    """Whether an input is kept symbolic: anything but literals (``None``, flags, numbers,
-    strings) and modules, so tensors, tuples of tensors and stateful objects such as KV caches
-    (whose method calls are recorded) all stay inputs of the graph."""
-    return not _literal(value) and not isinstance(value, nn.Module)
 
 
 def is_builtin_leaf(mod: nn.Module) -> bool:
@@ -213,7 +190,7 @@ class ValueTracer(fx.Tracer):
     def create_arg(self, a: Any) -> Any:
         if isinstance(a, dict) and type(a) is not dict and not isinstance(a, fx.Proxy):
             fields = {k: self.create_arg(v) for k, v in a.items()}
-            node = self.create_node("call_function", _output_builder(type(a)), (fields,), {})
+            node = self.create_node("call_function", output_builder(type(a)), (fields,), {})
             node.meta["val"] = a
             return node
         try:
@@ -252,7 +229,7 @@ class ValueTracer(fx.Tracer):
                 return getattr(args[0], node.target)(*args[1:], **kwargs)
             if node.op == "call_module":
                 mod = self.root.get_submodule(node.target)
-                self.child_inputs.setdefault(node.target, (_detach(args), _detach(kwargs)))
+                self.child_inputs.setdefault(node.target, (detached(args), detached(kwargs)))
                 return mod(*args, **kwargs)
         return None
 
@@ -279,29 +256,29 @@ class ValueTracer(fx.Tracer):
             if p.kind is P.VAR_POSITIONAL:
                 values = given.get(p.name, ())
                 ph = self._placeholder("*" + p.name, P.empty, tuple(values))
-                call_args.extend(ph[i] if _dynamic(v) else v for i, v in enumerate(values))
+                call_args.extend(ph[i] if is_dynamic(v) else v for i, v in enumerate(values))
                 continue
             if p.kind is P.VAR_KEYWORD:
                 values = given.get(p.name, {})
                 ph = self._placeholder("**" + p.name, P.empty, dict(values))
-                literals = {k: v for k, v in values.items() if _literal(v)}
+                literals = {k: v for k, v in values.items() if is_literal(v)}
                 self.create_proxy("call_function", check_kwargs,
                                   (ph, tuple(values), literals), {})
                 for k, v in values.items():
-                    call_kwargs[k] = ph[k] if _dynamic(v) else v
+                    call_kwargs[k] = ph[k] if is_dynamic(v) else v
                 continue
             default = p.default
-            if default is not P.empty and not _literal(default):
+            if default is not P.empty and not is_literal(default):
                 raise TraceError(
                     f"parameter '{p.name}' has a default ({type(default).__name__}) that a "
                     "traced forward cannot reproduce", hint="make the module a leaf")
             value = given.get(p.name, default)
             ph = self._placeholder(p.name, default, value)
-            if p.name in given and _dynamic(value):
+            if p.name in given and is_dynamic(value):
                 arg = ph
             else:
                 arg = value
-                if _literal(value):
+                if is_literal(value):
                     self.create_proxy("call_function", check_specialized,
                                       (ph, value, p.name), {})
             # Call the original exactly as the parent did: positional stays positional, keywords
@@ -321,31 +298,6 @@ class ValueTracer(fx.Tracer):
         self._ph_vals[target] = value
         args = () if default is inspect.Parameter.empty else (default,)
         return self.create_proxy("placeholder", target, args, {})
-
-
-def _literal(value: Any) -> bool:
-    if isinstance(value, (tuple, list)):
-        return all(_literal(v) for v in value)
-    return isinstance(value, _LITERALS)
-
-
-def _detach(value: Any) -> Any:
-    """Example values kept for later tracing of children: detached, same requires_grad."""
-    if isinstance(value, torch.Tensor):
-        t = value.detach()
-        return t.requires_grad_(value.requires_grad) if t.is_floating_point() else t
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_detach(v) for v in value)
-    if isinstance(value, list):  # incl. fx's immutable_list
-        return [_detach(v) for v in value]
-    if type(value) in (dict, immutable_dict):
-        return {k: _detach(v) for k, v in value.items()}
-    if _literal(value) or isinstance(value, nn.Module) or callable(value):
-        return value
-    try:  # stateful objects (KV caches) change when the forward goes on: keep a snapshot
-        return copy.deepcopy(value)
-    except Exception:  # noqa: BLE001 - not copyable: keep the object itself
-        return value
 
 
 def _failure_site(exc: BaseException) -> str:
@@ -370,7 +322,7 @@ def trace_module(
 
     def trace_once() -> fx.Graph:
         # a fresh copy of stateful inputs (a KV cache grows when the forward runs) per trace
-        tracers.append(ValueTracer(mod, (_detach(inputs[0]), _detach(inputs[1])), is_leaf))
+        tracers.append(ValueTracer(mod, (detached(inputs[0]), detached(inputs[1])), is_leaf))
         tracers[-1].path = path
         return _trace_graph(tracers[-1], mod, path)
 
