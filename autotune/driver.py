@@ -18,12 +18,18 @@ line) that reproduces the run in a sweep. A run that wrote no row (killed, timed
 ``--mem-budget-gb`` a run over the budget is an ``oom`` row (on CPU the OOM is a budget, see
 ``end2end/driver/measure.py``). Invalid arguments (a batch the ranks cannot split ...) print a
 ``fail`` result naming the problem and write no row.
+
+As in a sweep, the machine is watched over the run (:mod:`end2end.sweep.quiet`): the verdict
+goes into the row's ``Machine`` cell and the result's ``machine``. ``--require-quiet`` waits for
+a quiet machine first, at most ``--quiet-wait`` seconds, then refuses: one line on stderr, exit
+status :data:`REFUSED`, on which the tuner stops without storing the candidate.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -33,6 +39,11 @@ from typing import Any, Dict, List, Optional, Sequence
 __all__ = ["run_candidate", "config_text", "candidate_arguments", "cpu_command", "main"]
 
 TORCHRUN = (sys.executable, "-m", "torch.distributed.run")
+#: The exit status of a refused candidate: slapo.autotune's command objective stops the study on
+#: it (``slapo.autotune.objective.REFUSED``, EX_TEMPFAIL), nothing stored for the candidate.
+REFUSED = 75
+#: Seconds ``--require-quiet`` may wait; set, :func:`cpu_command` asks for a quiet machine.
+QUIET_WAIT_ENV = "AUTOTUNE_QUIET_WAIT"
 
 
 def candidate_arguments(mode: str, model: str, gpus: int, seq_len: int, **options) -> List[str]:
@@ -49,10 +60,13 @@ def candidate_arguments(mode: str, model: str, gpus: int, seq_len: int, **option
 def cpu_command(run: Sequence[str], results: str, mem_budget_gb: float) -> List[str]:
     """The ``command`` of a CPU-scale space: this driver on ``run`` (:func:`candidate_arguments`)
     for 1 warm-up and 2 steps, under a per-rank memory budget (the CPU's OOM), stopped at 240 s
-    (the space's ``timeout`` leaves it time to write the row)."""
+    (the space's ``timeout`` leaves it time to write the row); with ``AUTOTUNE_QUIET_WAIT``
+    set (seconds), ``--require-quiet`` (``autotune/run.sh --require-quiet`` sets it)."""
+    quiet = os.environ.get(QUIET_WAIT_ENV)
     return [sys.executable, "-m", "autotune.driver", *run, "--results", results, "--steps", "2",
             "--warmup", "1", "--device", "cpu", "--gemm-seconds", "0.1", "--mem-budget-gb",
-            str(mem_budget_gb), "--timeout", "240"]
+            str(mem_budget_gb), "--timeout", "240",
+            *(["--require-quiet", "--quiet-wait", quiet] if quiet else [])]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before the run is "
                    "stopped (a timeout row)")
+    p.add_argument("--require-quiet", action="store_true",
+                   help="wait for a quiet machine before the run (end2end/sweep/quiet.py), at "
+                        "most --quiet-wait seconds; then refuse: one line on stderr and exit "
+                        f"status {REFUSED} (the tuner stops, the candidate stays unmeasured)")
+    p.add_argument("--quiet-wait", type=float, default=300.0,
+                   help="seconds --require-quiet waits for a quiet machine")
     return p
 
 
@@ -106,6 +126,7 @@ def run_candidate(args: argparse.Namespace, bench_extra: Sequence[str]) -> Dict[
     from end2end.spec.knobs import format_knobs
     from end2end.sweep.commands import single_node_command
     from end2end.sweep.procs import run_logged, signal_death
+    from end2end.sweep.quiet import Watch, record_verdict
     from end2end.results.store import (ResultRow, append_result, env_columns, mark, read_results,
                                  rollback)
 
@@ -128,8 +149,9 @@ def run_candidate(args: argparse.Namespace, bench_extra: Sequence[str]) -> Dict[
         return [r for r in read_results(results, check_twin=False).rows if r.key == spec.key]
 
     before, start = len(rows()), mark(results)
-    rc, timed_out = run_logged(single_node_command(spec, str(results), bench_extra, TORCHRUN),
-                               log, args.timeout)
+    with Watch() as watch:
+        rc, timed_out = run_logged(single_node_command(spec, str(results), bench_extra,
+                                                       TORCHRUN), log, args.timeout)
     if timed_out or (rc != 0 and signal_death(log)):
         rollback(results, start)  # a peer's "connection closed" row would blame the wrong rank
     mine = rows()[before:]
@@ -144,16 +166,38 @@ def run_candidate(args: argparse.Namespace, bench_extra: Sequence[str]) -> Dict[
                                   time=time.strftime("%Y-%m-%dT%H:%M:%S"), **env_columns(env))
         append_result(results, row, env)
         mine = [row]
-    return _result(mine[-1], spec)
+    record_verdict(results, start, watch.verdict)
+    result = _result(mine[-1], spec)
+    if watch.verdict is not None:  # the tuner keeps it with the candidate (its extra data)
+        result["machine"] = watch.verdict.cell()
+    return result
 
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt  # run_logged then stops torchrun's whole tree (ranks included)
 
 
+def _refuse_if_busy(args: argparse.Namespace) -> Optional[str]:
+    """With ``--require-quiet``: wait for a quiet machine; the refusal's line when it stays
+    busy (None: go ahead)."""
+    if not args.require_quiet:
+        return None
+    from end2end.sweep.quiet import MachineBusy, wait_until_quiet
+
+    try:
+        wait_until_quiet(args.quiet_wait, lambda line: print(line, file=sys.stderr, flush=True))
+    except MachineBusy as exc:
+        return f"autotune.driver: error: {' '.join(str(exc).split())}"
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # the tuner's timeout sends SIGTERM first
     args, extra = build_parser().parse_known_args(argv)
+    refusal = _refuse_if_busy(args)
+    if refusal is not None:
+        print(refusal, file=sys.stderr, flush=True)
+        return REFUSED
     print(json.dumps(run_candidate(args, extra)), flush=True)
     return 0
 

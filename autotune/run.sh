@@ -7,6 +7,10 @@
 #   REPLAY=0 bash autotune/run.sh        # search and TPE measure their candidates themselves
 #   SEARCH_BUDGET=12 TPE_BUDGET=8 ...    # budgets (default: a third of the grid each)
 #   SEEDS=10                             # TPE seeds replayed on the grid at the end (autotune.seeds)
+#   bash autotune/run.sh --require-quiet # every measured candidate waits for a quiet machine
+#                                        # (QUIET_WAIT=300 s at most), else the tuner stops in
+#                                        # one line; without it each row's Machine cell says
+#                                        # whether the machine was quiet (end2end/sweep/quiet.py)
 #
 # Resumable: run it again after an interruption; finished candidates are not measured again.
 # With REPLAY=1 (default) the search and TPE are answered from the grid's measurements
@@ -14,6 +18,12 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+for arg in "$@"; do
+  case "$arg" in
+    --require-quiet) export AUTOTUNE_QUIET_WAIT="${QUIET_WAIT:-300}" ;;
+    *) echo "run.sh: unknown argument '$arg' (the only one is --require-quiet)" >&2; exit 2 ;;
+  esac
+done
 MODEL="${MODEL:-bert}"
 SPACE="${SPACE:-autotune/spaces/${MODEL}.py}"  # SPACE=file: another space (tests)
 [[ -f "$SPACE" ]] || { echo "run.sh: no space file $SPACE" >&2; exit 2; }

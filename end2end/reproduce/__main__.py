@@ -63,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"run only these steps (of: {', '.join(step_names())}); the page "
                         "still shows every step")
     p.add_argument("--require-quiet", action="store_true",
-                   help="every sweep waits for a quiet machine before each run, or stops the "
-                        "step (python -m end2end.sweep --require-quiet; without it, rows "
+                   help="every sweep and every measured tuning candidate waits for a quiet "
+                        "machine before each run, or stops the step (python -m end2end.sweep "
+                        "--require-quiet, autotune/run.sh --require-quiet; without it, rows "
                         "measured while the machine was busy are marked '!' in the tables)")
     p.add_argument("--list", action="store_true", help="print the plan's steps and exit")
     p.add_argument("--dry-run", action="store_true",

@@ -16,7 +16,8 @@ that everything runs end to end and draws every figure; its numbers are not the 
 of every CPU config, the 25-candidate tuning grid, every paper-scale prediction (hours).
 
 Estimates (:attr:`Step.estimate_s`) are seconds on 2 idle cores, from the committed commands'
-durations (the README's commands table, ``docs/results/commands.src.tsv``) or, for the quick steps, their run counts.
+durations (the README's commands table, ``docs/results/commands.src.tsv``) or, for the quick
+steps, their run counts.
 """
 
 from __future__ import annotations

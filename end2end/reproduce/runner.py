@@ -31,8 +31,9 @@ __all__ = ["ROOT", "Outcome", "load_outcomes", "claim_folder", "commands_of", "e
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = ".reproduce"
-# the scripts that pass options they do not know on to python -m end2end.sweep
-SWEEPS = {("end2end/run_all_single_node.sh",), ("ablation/run.sh",)}
+# the scripts that take the sweeps' options (--require-quiet: autotune/run.sh passes it to
+# every measured candidate, the others to python -m end2end.sweep)
+SWEEPS = {("end2end/run_all_single_node.sh",), ("ablation/run.sh",), ("autotune/run.sh",)}
 # the children run without the set-up (scripts/reproduce.sh did it) and offline
 CHILD_ENV = {"SKIP_SETUP": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
              "TOKENIZERS_PARALLELISM": "false"}

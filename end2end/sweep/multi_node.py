@@ -16,11 +16,14 @@ on a filesystem shared by the first host (rank 0 writes it). A hostfile, config 
 mistake is one line on stderr (``file:line: what. Hint: ...``) and exit status 2.
 
 The safeguards of the single-node sweep hold here too (shared pieces: :mod:`.outcome`,
-:mod:`.procs`, :mod:`.lock`): ``--timeout`` per run for the whole job (every node command is
-stopped on expiry), ``--repeat`` rounds, resume, one launcher per results file, and one row per
-run always: a node that dies, is killed, cannot start or never joins the rendezvous gives a row
-naming the node and what happened (:func:`failure_reason`). Ctrl-C or SIGTERM stops every node
-command with all its processes, cuts the run's rows and exits 130 with a "resume with" line.
+:mod:`.procs`, :mod:`.lock`, :mod:`.quiet`): the machine the launcher runs on is watched over
+every job (its verdict in the row's ``Machine`` cell) and ``--require-quiet`` waits for it to be
+quiet before each job, or refuses in one line; ``--timeout`` per run for the whole job (every
+node command is stopped on expiry), ``--repeat`` rounds, resume, one launcher per results file,
+and one row per run always: a node that dies, is killed, cannot start or never joins the
+rendezvous gives a row naming the node and what happened (:func:`failure_reason`). Ctrl-C or
+SIGTERM stops every node command with all its processes, cuts the run's rows and exits 130 with
+a "resume with" line.
 Page: docs/cluster.md.
 
 Hosts named ``localhost``/``127.0.0.1`` (or this machine's name) run their node command here,
@@ -49,12 +52,13 @@ from end2end.results.store import mark, rollback
 from end2end.spec.config_file import RunSpec, interleave, load_runs
 from end2end.sweep.commands import (deepspeed_command, hostfile_text, shell_join,
                                     torchrun_node_command)
-from end2end.sweep.options import add_sweep_options
+from end2end.sweep.options import add_quiet_options, add_sweep_options
 from end2end.sweep.lock import SweepLock
 from end2end.sweep.outcome import (check_timeout, last_line, log_path, not_ok, pending, rows_for,
                                    run_interruptible, settle_row, signal_name)
 from end2end.sweep.procs import GroupOutcome, run_group, signal_death
 from end2end.sweep.progress import Progress, format_duration
+from end2end.sweep.quiet import Watch, record_verdict, wait_until_quiet
 from end2end.sweep.slurm import run_slurm_job, sbatch_script
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "multi_node_fig8.cfg"
@@ -187,19 +191,23 @@ def failure_reason(group: GroupOutcome, hosts: Sequence[str], logs: Sequence[Pat
 
 
 def run_job(spec: RunSpec, cmds: Sequence[Sequence[str]], hosts: Sequence[str], out: Path,
-            timeout: float, env: dict) -> str:
+            timeout: float, env: dict) -> Tuple[str, str]:
     """Run one job (its node commands together) and make sure it ends as one row; returns the
-    row's status. Logs: ``<results>.logs/<run>.node<i>.log``. Ctrl-C stops every node and
-    cuts the job's rows (it is pending again), then propagates."""
+    row's status and a note for the progress line. Logs: ``<results>.logs/<run>.node<i>.log``.
+    This machine is watched over the job (:mod:`end2end.sweep.quiet`: its verdict goes into the
+    row's ``Machine`` cell; the note says when it was busy). Ctrl-C stops every node and cuts
+    the job's rows (it is pending again), then propagates."""
     logs = [log_path(out, spec, f".node{i}") for i in range(len(cmds))]
     before, start = rows_for(out, spec), mark(out)
     try:
-        group = run_group(cmds, logs, timeout)
+        with Watch() as watch:
+            group = run_group(cmds, logs, timeout)
     except BaseException:
         rollback(out, start)
         raise
     reason, replace = failure_reason(group, hosts, logs, timeout)
-    return settle_row(out, spec, before, start, replace, group.timed_out, reason, env)
+    status = settle_row(out, spec, before, start, replace, group.timed_out, reason, env)
+    return status, record_verdict(out, start, watch.verdict)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -243,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--join-timeout", type=number(int, minimum=1), default=600,
                    help="torchrun: seconds the agents wait for every node to join the "
                         "rendezvous; then the run fails with a row saying so")
+    add_quiet_options(p, " (this one: the launcher's; slurm jobs are not watched)")
     return p
 
 
@@ -278,6 +287,10 @@ def _hostfile(args: argparse.Namespace, hosts: Sequence[str]) -> str:
 
 
 def _launch(args: argparse.Namespace) -> int:
+    if args.require_quiet and args.launcher == "slurm":
+        raise ConfigError("--require-quiet cannot watch the nodes of a slurm job (it watches "
+                          "this machine)", hint="drop --require-quiet, or launch with "
+                          "--launcher torchrun from the node that runs the job")
     hosts = (["slurm"] * args.slurm_nodes if args.launcher == "slurm"
              else read_hosts(args.hosts, args.hostfile))
     runs, out = _runs(args, hosts), Path(args.results)
@@ -341,8 +354,10 @@ def _run_all(args: argparse.Namespace, hosts: Sequence[str], out: Path, timeout:
         for cmd in cmds:
             print(shell_join(cmd), flush=True)
         if progress is not None:
+            if args.require_quiet:
+                wait_until_quiet(args.quiet_wait, log.info)
             progress.start(spec.label)
-            progress.finish(run_job(spec, cmds, hosts, out, timeout, env))
+            progress.finish(*run_job(spec, cmds, hosts, out, timeout, env))
     if progress is not None:
         progress.summary()
     return 0

@@ -8,7 +8,7 @@ import argparse
 
 from end2end.cli import add_logging_arguments, number
 
-__all__ = ["add_sweep_options"]
+__all__ = ["add_sweep_options", "add_quiet_options"]
 
 
 def add_sweep_options(p: argparse.ArgumentParser, results: str, beside: str) -> None:
@@ -35,3 +35,16 @@ def add_sweep_options(p: argparse.ArgumentParser, results: str, beside: str) -> 
     p.add_argument("--debug", action="store_true",
                    help="show the full traceback of an error (otherwise one line)")
     add_logging_arguments(p)
+
+
+def add_quiet_options(p: argparse.ArgumentParser, where: str = "") -> None:
+    """Add ``--require-quiet`` and ``--quiet-wait`` (:mod:`end2end.sweep.quiet`) to ``p``;
+    ``where`` says which machine is watched, when that needs saying."""
+    p.add_argument("--require-quiet", action="store_true",
+                   help=f"before each run, wait for a quiet machine{where} (others using at "
+                        "most 10%% of the cores, steal at most 5%%, no other busy process: "
+                        "end2end/sweep/quiet.py); refuse in one line (exit 2) when it stays "
+                        "busy for --quiet-wait seconds. Without it, every row still says in "
+                        "its Machine column whether the machine was quiet")
+    p.add_argument("--quiet-wait", type=number(float, minimum=0), default=300.0,
+                   help="seconds --require-quiet waits for a quiet machine before refusing")

@@ -33,8 +33,11 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from slapo.errors import ConfigError
 
+from end2end.results.annotate import annotate_since
+from end2end.results.store import Mark
+
 __all__ = ["Snapshot", "Verdict", "Watch", "snapshot", "judge", "probe", "wait_until_quiet",
-           "MachineBusy", "OTHERS_MAX", "STEAL_MAX", "BUSY_PROCESS"]
+           "record_verdict", "MachineBusy", "OTHERS_MAX", "STEAL_MAX", "BUSY_PROCESS"]
 
 OTHERS_MAX = 0.10  # others may use at most 10% of all cores over a run
 STEAL_MAX = 0.05  # at most 5% of the CPU time stolen by the hypervisor
@@ -209,3 +212,13 @@ def wait_until_quiet(limit: float, log: Callable[[str], None],
         sleep(min(10.0, max(limit - waited, 0.0)))
         verdict = check()
     return verdict
+
+
+def record_verdict(results: Path, start: Mark, verdict: Optional[Verdict]) -> str:
+    """Write ``verdict`` into the rows appended to ``results`` since ``start`` (the ``Machine``
+    cell, and ``extra["machine"]`` in the twin); returns the note for the progress line
+    (``""`` when the machine was quiet or not watched)."""
+    if verdict is None:
+        return ""
+    annotate_since(results, start, "Machine", verdict.cell(), "machine", verdict.record())
+    return f"measured while the machine was busy ({verdict.reasons()})" if verdict.busy else ""

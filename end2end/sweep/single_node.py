@@ -35,11 +35,10 @@ from end2end.spec.config_file import RunSpec, interleave, load_runs
 from end2end.sweep.commands import shell_join, single_node_command
 from end2end.sweep.procs import run_logged, signal_death
 from end2end.sweep.progress import Progress, format_duration
-from end2end.results.annotate import annotate_since
 from end2end.results.store import ResultRow, append_result, env_columns, mark, rollback
-from end2end.sweep.options import add_sweep_options
+from end2end.sweep.options import add_quiet_options, add_sweep_options
 from end2end.sweep.lock import SweepLock
-from end2end.sweep.quiet import Watch, wait_until_quiet
+from end2end.sweep.quiet import Watch, record_verdict, wait_until_quiet
 from end2end.sweep.outcome import (check_timeout, last_line, log_path, not_ok, pending, rows_for,
                                    run_interruptible, settle_row, signal_name)
 
@@ -157,11 +156,7 @@ def _run_all(todo: Sequence[RunSpec], out: Path, max_devices: int, timeout: floa
         killed = timed_out or bool(rc != 0 and signal_death(run_log))
         status = settle_row(out, spec, before, start, killed, timed_out,
                             _failure_reason(rc, timed_out, timeout, run_log), env)
-        verdict = watch.verdict
-        if verdict is not None:
-            annotate_since(out, start, "Machine", verdict.cell(), "machine", verdict.record())
-        progress.finish(status, f"measured while the machine was busy ({verdict.reasons()})"
-                        if verdict is not None and verdict.busy else "")
+        progress.finish(status, record_verdict(out, start, watch.verdict))
         if error_stop and status == "fail":
             log.info("stopping at the first failure (--error-stop)")
             break
@@ -189,14 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="device the driver trains on")
     p.add_argument("--error-stop", action="store_true", help="stop at the first fail row")
-    p.add_argument("--require-quiet", action="store_true",
-                   help="before each run, wait for a quiet machine (others using at most 10%% "
-                        "of the cores, steal at most 5%%, no other busy process: "
-                        "end2end/sweep/quiet.py); refuse in one line (exit 2) when it stays "
-                        "busy for --quiet-wait seconds. Without it, every row still says in "
-                        "its Machine column whether the machine was quiet")
-    p.add_argument("--quiet-wait", type=number(float, minimum=0), default=300.0,
-                   help="seconds --require-quiet waits for a quiet machine before refusing")
+    add_quiet_options(p)
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="each run profiles one extra step after its timed ones (end2end.bench "
                    "--profile DIR; compare with python -m end2end.profiling)")

@@ -24,8 +24,8 @@ predicted throughput before anything runs. This package knows nothing of the ben
 harness; ``autotune/driver.py`` adapts ``end2end.bench`` to a command objective.
 """
 
-from .objective import (STATUSES, CallableObjective, CommandObjective, Objective, Outcome,
-                        as_objective)
+from .objective import (REFUSED, STATUSES, CallableObjective, CommandObjective, Objective,
+                        Outcome, as_objective)
 from .predict import (CallablePredictor, CommandPredictor, Prediction, PredictionCache,
                       PredictionPolicy, Predictor)
 from .space import Space, Symbol
@@ -34,7 +34,7 @@ from .study import BudgetExhausted, Record, Tuner, load_records
 from .tune import TuneResult, tune
 
 __all__ = ["Space", "Symbol", "Objective", "CallableObjective", "CommandObjective", "Outcome",
-           "as_objective", "STATUSES", "Grid", "OOMAwareSearch", "TPE", "STRATEGIES",
+           "as_objective", "STATUSES", "REFUSED", "Grid", "OOMAwareSearch", "TPE", "STRATEGIES",
            "make_strategy", "Tuner", "Record", "BudgetExhausted", "load_records", "tune",
            "TuneResult", "Prediction", "Predictor", "CallablePredictor", "CommandPredictor",
            "PredictionCache", "PredictionPolicy"]

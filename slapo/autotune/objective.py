@@ -16,7 +16,10 @@ A failed candidate is still an outcome, stored in the study, never dropped.
   ``{"status": "ok", "throughput": 12.5, "memory_gb": 0.8}`` (``status`` defaults to ``ok``
   when a throughput is given; other keys are kept as extra data, e.g. ``config_line``).
   The original tuner scraped a log file for a throughput and let a zero mean any error; here the
-  command states what happened.
+  command states what happened. A command that exits with :data:`REFUSED` (75, EX_TEMPFAIL)
+  refuses to evaluate the candidate now (e.g. the machine is busy): the tuner stops with a
+  :class:`TuneError` quoting the command's last line on stderr, and the candidate stays
+  unevaluated, so the same session resumes with it.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 from ..errors import TuneError
 
 __all__ = ["Outcome", "Objective", "CallableObjective", "CommandObjective", "as_objective",
-           "STATUSES"]
+           "STATUSES", "REFUSED"]
 
 STATUSES = ("ok", "oom", "fail", "timeout")
+REFUSED = 75  # a command's "not now" (EX_TEMPFAIL): the tuner stops, nothing is stored
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -182,6 +186,12 @@ class CommandObjective(Objective):
             if run.timed_out:
                 return Outcome("timeout", error=f"no result after {self.timeout:g} s "
                                f"(the command's process group was stopped)")
+            if run.returncode == REFUSED:
+                why = (run.stderr or run.stdout).strip().splitlines()[-1:] or ["(no message)"]
+                raise TuneError(f"the objective command refused to evaluate {dict(values)}: "
+                                f"{why[0]}", call="CommandObjective",
+                                hint="remove the cause and run the same command again: it "
+                                     "resumes with this candidate")
             extra = {"seconds": run.seconds, "returncode": run.returncode}
             return _read_result(result_file, run.stdout, run.stderr, run.returncode, extra)
 

@@ -65,3 +65,21 @@ def test_missing_optuna_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "optuna", None)  # import optuna -> ImportError
     with pytest.raises(TuneError, match="needs optuna.*pip install optuna==5.0.0"):
         Tuner(synthetic.space(), as_objective(synthetic.objective), budget=1)
+
+
+def test_a_command_that_refuses_stops_the_study_and_the_candidate_runs_on_resume(tmp_path):
+    """Exit status REFUSED (e.g. autotune.driver --require-quiet on a busy machine): a
+    TuneError quoting the command's last stderr line, nothing stored as evaluated; the same
+    study resumes with the candidate."""
+    from slapo.autotune import REFUSED, Space, load_records, tune
+
+    space = Space("one")
+    space.choice("batch_size", [4])
+    db = str(tmp_path / "s.db")
+    refuse = [sys.executable, "-c", f"import sys; sys.stderr.write('warming up\\nbusy now\\n'); "
+              f"sys.exit({REFUSED})"]
+    with pytest.raises(TuneError, match=r"refused to evaluate \{'batch_size': 4\}: busy now"):
+        tune(space, refuse, db=db)
+    assert not [r for r in load_records(db, "grid") if r.evaluated]
+    result = tune(space, [sys.executable, "-c", "print('{\"throughput\": 2.0}')"], db=db)
+    assert result.run_now == 1 and result.best.throughput == 2.0

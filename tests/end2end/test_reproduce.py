@@ -82,6 +82,7 @@ def test_a_dry_run_names_every_command_and_runs_nothing(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "quick.cfg --repeat 2 --require-quiet" in run.stdout  # the sweeps wait for quiet
     assert "--scale tiny --repeat 1 --require-quiet" in run.stdout
+    assert "bash autotune/run.sh --require-quiet" in run.stdout  # the tuner's measured trials
     assert "usability.loc --json" in run.stdout and "loc.md --require-quiet" not in run.stdout
     for text in ("end2end/configs/quick.cfg --repeat 2", "ablation/run.sh --scale tiny",
                  "SPACE=autotune/spaces/tiny_bert.py", "-m end2end.simulate end2end/configs/"

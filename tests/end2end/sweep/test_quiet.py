@@ -15,7 +15,6 @@ from end2end.results.summary import BUSY_NOTE, figure7_table, format_markdown, s
 from end2end.sweep.quiet import MachineBusy, Snapshot, judge, wait_until_quiet
 
 ROOT = Path(__file__).resolve().parents[3]
-HOG = [sys.executable, "-c", "while True: pass"]
 
 
 def _snap(wall, busy, ours=0.0, steal=0.0, procs=None, cores=2, load=1.0):
@@ -82,15 +81,6 @@ def test_a_file_from_before_the_column_stays_readable_and_keeps_its_columns(tmp_
     assert old.read_text().splitlines()[0].split("\t") == read_columns
     assert [r.thrpt for r in read_results(old).rows] == [3.5, 4.0]
     assert '"busy": true' in twin_path(old).read_text()
-
-
-@pytest.fixture
-def hog():
-    """A CPU-heavy process beside the test (stopped, by its pid, at the end)."""
-    proc = subprocess.Popen(HOG)
-    yield proc
-    proc.kill()
-    proc.wait()
 
 
 def test_a_sweep_beside_a_busy_process_flags_its_rows_and_require_quiet_refuses(tmp_path, hog):
