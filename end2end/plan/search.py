@@ -17,7 +17,8 @@ order within a time budget, and ranked again by the simulator's predictions.
    (guessed from those before it, per pipeline stage) is left out. A candidate
    predicted out of memory prunes, unsimulated, every candidate of its mode and layout that
    holds as much or more: the same or a larger micro-batch and no more recomputation; while
-   no candidate of its mode fits yet, the mode's next candidate moves to the queue's front;
+   no candidate of its mode fits yet, the mode's next candidate moves up to just after the
+   other modes' first candidates still queued;
 4. the simulated candidates ranked: those predicted to fit, by predicted samples/s.
 
 The space is enumerated whole and each point is cheap to estimate, so the analytical model
@@ -135,15 +136,16 @@ def _dominated_by_oom(cand: Candidate, oom: Candidate) -> bool:
 
 
 def _next_of_mode_first(queue: List[Evaluated], mode: str, done: List[Evaluated],
-                        ooms: List[Candidate]) -> None:
+                        ooms: List[Candidate], first: int = 0) -> None:
     """After a predicted OOM of ``mode`` while no candidate of it fits yet, move its next
-    candidate that the OOM does not prune to the front (every mode gets a fitting layout
-    early, the best baseline included)."""
+    candidate that the OOM does not prune to position ``first`` (after the other modes' first
+    candidates still queued: every mode gets a fitting layout early, the best baseline
+    included)."""
     if any(e.candidate.mode == mode and e.prediction and e.prediction.fits for e in done):
         return
     for i, e in enumerate(queue):
         if e.candidate.mode == mode and not any(_dominated_by_oom(e.candidate, o) for o in ooms):
-            queue.insert(0, queue.pop(i))
+            queue.insert(min(first, i), queue.pop(i))
             return
 
 
@@ -178,6 +180,7 @@ class _Search:
         self.done: List[Evaluated] = []
         self.ooms: List[Candidate] = []
         self.skipped = self.sims = self.hits = self.over_budget = 0
+        self.first_round = {id(e) for e in queue[:len(options.modes)]}
 
     def _next(self) -> Optional[Evaluated]:
         while self.queue:
@@ -209,7 +212,8 @@ class _Search:
         assert p is not None
         if p.status == "sim-oom":
             self.ooms.append(item.candidate)
-            _next_of_mode_first(self.queue, item.candidate.mode, self.done, self.ooms)
+            first = sum(1 for e in self.queue if id(e) in self.first_round)
+            _next_of_mode_first(self.queue, item.candidate.mode, self.done, self.ooms, first)
         self.o.progress(f"[{len(self.done)}] {item.candidate.label}: {p.status} "
                         f"{p.samples_per_s:.4g} samples/s, {p.memory_gb:.3g} GB ({seconds:.0f} s)")
 

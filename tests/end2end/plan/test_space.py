@@ -130,3 +130,15 @@ def test_after_an_oom_the_mode_s_next_candidate_goes_first_until_one_fits():
     before = list(queue)
     _next_of_mode_first(queue, "megatron", [oom, fitted], [oom.candidate])
     assert queue == before  # a fitting megatron candidate exists: the order stays
+
+
+def test_an_oom_s_next_candidate_waits_for_the_other_modes_first_candidates():
+    from end2end.plan.search import _next_of_mode_first
+
+    space = enumerate_space("tiny/llama", parse_cluster("h100-80gb:2x1"), 64, 8, "bf16")
+    items = [Evaluated(c, {"total": 1.0}, 1.0) for c in space.candidates]
+    oom = next(e.candidate for e in items if e.candidate.mode == "megatron")
+    queue = [e for e in items if e.candidate is not oom]
+    _next_of_mode_first(queue, "megatron", [], [oom], first=3)
+    assert queue[3].candidate.mode == "megatron" and queue[:3] == [
+        e for e in items if e.candidate is not oom][:3]
