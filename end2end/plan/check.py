@@ -60,6 +60,10 @@ def check_extrapolation(result: PlanResult, count: int, options: SearchOptions
     return out
 
 
+def _seconds(p: Prediction) -> str:
+    return f"{p.seconds:.0f}" if p.seconds else "cached"
+
+
 def check_lines(checks: List[ExtrapolationCheck]) -> List[str]:
     """The check as a table: extrapolated vs full-depth samples/s and memory, errors."""
     if not checks:
@@ -70,5 +74,5 @@ def check_lines(checks: List[ExtrapolationCheck]) -> List[str]:
         x, f = c.extrapolated, c.full
         out.append(f"  {c.candidate.label} | {x.samples_per_s:.4g} / {f.samples_per_s:.4g} "
                    f"({c.error('samples_per_s'):+.1%}) | {x.memory_gb:.4g} / {f.memory_gb:.4g} "
-                   f"({c.error('memory_gb'):+.1%}) | {x.seconds:.0f} / {f.seconds:.0f}")
+                   f"({c.error('memory_gb'):+.1%}) | {_seconds(x)} / {_seconds(f)}")
     return out

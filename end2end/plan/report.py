@@ -26,7 +26,7 @@ def summary_lines(r: PlanResult) -> List[str]:
            f"{len(r.space.candidates)} left",
            f"simulated {len(r.ranked)} candidates ({r.simulations} simulations, {r.cached} "
            f"from the cache), {r.skipped_after_oom} skipped after a predicted OOM, "
-           f"{r.not_simulated} not simulated (budget); {r.wall_s:.0f} s"]
+           f"{r.not_simulated} not simulated (budget, --max-candidates); {r.wall_s:.0f} s"]
     out += [f"note: {n}" for n in r.notes]
     return out
 

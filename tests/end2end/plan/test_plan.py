@@ -23,7 +23,7 @@ def test_a_tiny_model_on_two_nodes_is_planned_end_to_end(tmp_path, capsys):
                  "--json", str(out_json), "--explain", "1"]) == 0
     text = capsys.readouterr().out
     assert "plan: tiny/llama on h100-80gb:1x2 (2 devices), seq 64, global batch 4, bf16" in text
-    assert "simulated 2 candidates" in text and "not simulated (budget)" in text
+    assert "simulated 2 candidates" in text and "not simulated (budget, --max-candidates)" in text
     assert "samples/s" in text and "dominant cost" in text
     assert "note: the simulator prices the network for nodes of 8 devices" in text
     assert "config:\n  #@ dtype=bf16" in text and "--nnodes=2" in text  # one torchrun per node
