@@ -20,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from end2end.report.blocks import Block, ReportError
 from end2end.report.generators import render
-from end2end.report.paper import PAPER
+from end2end.report.paper import PAPER, paper_value
 from end2end.reproduce.plan import Step
 from end2end.reproduce.runner import ROOT, Outcome
 from end2end.sweep.progress import format_duration
@@ -72,8 +72,7 @@ def _block(root: Path, out: Path, args: Tuple[str, ...]) -> str:
 
 def _paper_value(key: str) -> str:
     if key in PAPER:
-        value, source = PAPER[key]
-        return f"{value} ({source})"
+        return f"{paper_value(key)} ({PAPER[key][1]})"
     return key
 
 
@@ -122,7 +121,7 @@ def _paper_args(steps: Sequence[Step], out: Path) -> Optional[Tuple[str, ...]]:
     """The ``paper`` block over this run's files that exist (None without a Figure 7 file)."""
     files = {"--cpu": ("fig7", ".tsv"), "--v100": ("sim-fig7", ".sim.tsv"),
              "--fig8": ("sim-fig8", ".sim.tsv"), "--grid": ("autotune", ".db"),
-             "--tune-v100": ("sim-fig10", ".predictions.jsonl"),
+             "--tune-v100": ("sim-fig10", ".predictions.jsonl"), "--ablation": ("ablation", ".tsv"),
              "--ablation-v100": ("sim-fig9", ".sim.tsv")}
     by_name = {s.name: s for s in steps}
     args: List[str] = ["paper"]

@@ -18,8 +18,8 @@ from slapo.autotune import Prediction
 from slapo.autotune.study import key_of, load_records
 from slapo.errors import TuneError
 
-__all__ = ["SeedRun", "grid_outcomes", "summarize", "Predictions", "load_predictions",
-           "predicted_outcomes", "predicted_optimum"]
+__all__ = ["SeedRun", "grid_outcomes", "grid_workload", "summarize", "Predictions",
+           "load_predictions", "predicted_outcomes", "predicted_optimum"]
 
 Predictions = Dict[str, Prediction]
 
@@ -36,6 +36,20 @@ class SeedRun:
     best_fraction: float
     pruned: int = 0  # candidates a prediction pruned (not run; autotune.pruning)
     oom: int = 0  # evaluations that ran out of memory
+
+
+def grid_workload(db: str, studies: Sequence[str]) -> str:
+    """The model and ranks the grid ``studies`` measured (e.g. "`cpu/bert`, 2 ranks"), from the
+    config line each candidate's result carries (``autotune.driver``'s ``config_line``)."""
+    found = set()
+    for study in studies:
+        for r in load_records(db, study):
+            line = str(r.extra.get("config_line", "")).strip().splitlines()[-1:]
+            words = line[0].split() if line else []
+            if len(words) >= 3 and words[2].isdigit():
+                found.add((words[1], int(words[2])))
+    return "; ".join(f"`{model}`, {n} rank{'s' if n > 1 else ''}"
+                     for model, n in sorted(found)) or "workload not recorded"
 
 
 def grid_outcomes(db: str, studies: Sequence[str]) -> Dict[str, dict]:

@@ -50,7 +50,8 @@ def test_paper_puts_the_best_ratio_beside_the_papers_and_moves_with_the_file(tmp
     text = render(tmp_path, _block("paper --cpu cpu.tsv"))
     # best Slapo (Slapo-TP 2.1) / best baseline (DeepSpeed 1.5) on BERT: 1.40x, the max
     assert "| 2.92x | 1.40x (1.33-1.47) (`tiny/bert`, 2 ranks) | not yet simulated |" in text
-    assert "1 of 2 workloads" in text and "`tiny/opt`, 1 rank 0.80x" in text  # OPT: behind
+    # 'best on every model' counts workloads of 2 or more ranks only: the 1-rank OPT is none
+    assert "| ahead on 1 of 1 workloads of 2 or more ranks |" in text and "tiny/opt" not in text
     assert "2.10x over 1 workload (medians)" in text  # Slapo-TP / Megatron-LM
     assert "1.41x | not measurable here" in text
     _figure7(tmp_path / "faster.tsv", slapo_tp=(3.0, 3.3))
@@ -90,10 +91,12 @@ def grid_db(tmp_path_factory):
     from slapo.autotune import tune
     from slapo.autotune.cli import load_space_file
 
-    def objective(v):
+    def objective(v):  # the config line of each candidate, as autotune.driver reports it
+        line = f"#@ steps=2\nslapo-megatron tiny/bert 2 64 0 {v['batch_size']} 0"
         if v["batch_size"] >= 16 and v["ckpt_ratio"] < 0.5:
-            return {"status": "oom", "error": "out of memory"}
-        return v["batch_size"] * (1.0 - 0.3 * v["ckpt_ratio"])
+            return {"status": "oom", "error": "out of memory", "config_line": line}
+        return {"throughput": v["batch_size"] * (1.0 - 0.3 * v["ckpt_ratio"]),
+                "config_line": line}
 
     root = tmp_path_factory.mktemp("grid")
     space = load_space_file("autotune/spaces/bert.py")["space"]
@@ -112,8 +115,9 @@ def test_grid_draws_every_candidate_with_the_optimum_in_bold(grid_db):
     assert "**17**" in render(grid_db, _block("grid study.db grid"))  # the study named
     _figure7(grid_db / "cpu.tsv")
     text = render(grid_db, _block("paper --cpu cpu.tsv --grid study.db"))
-    assert "17 samples/s at batch_size 20, ckpt_ratio 0.5 (`cpu/bert`, 2 ranks; median of 1 grid" \
-        in text
+    # the workload is the one the grid measured (its candidates' config lines), not a label
+    assert "17 samples/s at batch_size 20, ckpt_ratio 0.5 (`tiny/bert`, 2 ranks; median of 1 " \
+        "grid" in text and "| 17.25 samples/s at batch 18, ratio 0.25 *(plot data)* |" in text
 
 
 def test_seeds_summarises_the_runs_of_the_file(tmp_path):
@@ -145,7 +149,44 @@ def test_paper_takes_the_max_over_multi_rank_workloads_only(tmp_path):
                                   for impl, thrpt in (("eager", 1.0), ("slapo", 4.0))])
     text = render(tmp_path, _block("paper --cpu one.tsv"))
     assert "| 2.92x | no multi-rank workload with both sides |" in text
-    assert "1 of 1 workloads" in text  # the 1-rank line still counts for 'best on every model'
+    assert "| no workload of 2 or more ranks with both sides |" in text  # nor 'every model'
+
+
+def test_paper_names_the_workloads_within_noise_and_marks_unconfirmed_values(tmp_path):
+    _figure7(tmp_path / "cpu.tsv", slapo_tp=(1.4, 1.6))  # best Slapo 1.4-1.6 vs DeepSpeed 1.5
+    text = render(tmp_path, _block("paper --cpu cpu.tsv"))
+    assert "| ahead on 0 of 1 workloads of 2 or more ranks; within noise: `tiny/bert`, 2 " \
+        "ranks 1.00x (0.93-1.07) ~ |" in text
+    assert "| 1.02x-1.46x *(unconfirmed)* |" in text and "| 2.92x |" in text  # the abstract's
+    assert "*(unconfirmed)*: not confirmed from a primary source" in text
+
+
+def test_paper_has_figure_9s_row_from_the_measured_ablation(tmp_path):
+    _figure7(tmp_path / "cpu.tsv")
+    assert "| Progressive ablation (Figure 9), samples/s per step | every step faster than " \
+        "the one before (a figure: no numbers given) | not given | not simulated |" in \
+        render(tmp_path, _block("paper --cpu cpu.tsv"))
+    rows = []
+    for repeat in range(2):
+        rows += [_row("eager", "tiny/bert", 1, 2.0, repeat),
+                 _row("slapo-megatron", "tiny/bert", 1, 3.0, repeat),
+                 _row("slapo-megatron", "tiny/bert", 2, 2.5, repeat,
+                      knobs="shard_embedding=False")]
+    _write(tmp_path / "ablation.tsv", rows)
+    text = render(tmp_path, _block("paper --cpu cpu.tsv --ablation ablation.tsv"))
+    assert "| 1 of 2 steps faster than the one before; `tiny/bert`: Vanilla HF 2 (n=1), " \
+        "+ Kernel opt. 3 (1.50x) (n=1), + Attn/FFN TP 2.5 (1.25x) (n=2) (medians) |" in text
+
+
+def test_a_grid_without_config_lines_names_no_workload(tmp_path):
+    from slapo.autotune import Space, tune
+
+    space = Space("g")
+    space.choice("batch_size", [2, 4])
+    tune(space, lambda v: float(v["batch_size"]), db=str(tmp_path / "s.db"), study="grid")
+    _figure7(tmp_path / "cpu.tsv")
+    assert "4 samples/s at batch_size 4 (workload not recorded; median of 1 grid study)" in \
+        render(tmp_path, _block("paper --cpu cpu.tsv --grid s.db"))
 
 
 def test_include_takes_a_generated_markdown_file_with_its_command(tmp_path):
