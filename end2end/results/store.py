@@ -25,155 +25,31 @@ Reading is by line, not ``pandas.read_csv``: a damaged line must cost that line 
 ``file:line`` warning (an error when ``strict``), which read_csv cannot do (it decodes the file
 as a whole, reports a bad row without its line, pads a short one). The rows read become a typed
 DataFrame for aggregation in :mod:`end2end.results.stats` (``to_frame``, ``results_frame``).
+The row itself (columns, :class:`ResultRow`, cells) is :mod:`end2end.results.row`, re-exported
+here.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
-from slapo.errors import ConfigError
-
-from end2end.spec.config_file import RunSpec, format_ratio, run_key
+from end2end.spec.config_file import RunSpec, run_key
 from end2end.results.locked_file import append_lock, append_line, read_locked
+from end2end.results.row import (ARTIFACT_COLUMNS, COLUMN_TYPES, COLUMNS, NA, SIMULATED_STATUSES,
+                                 STATUSES, ResultRow, ResultsError, _canonical_ckpt, _cell,
+                                 _COLUMN_OF, _FIELDS, _json_value, _row_from_cells, env_columns)
 
 __all__ = [
     "COLUMNS", "ARTIFACT_COLUMNS", "STATUSES", "ResultsError", "ResultRow", "Results",
     "append_result", "read_results", "pending_runs", "done_keys", "twin_path", "env_columns",
-    "COLUMN_TYPES", "SIMULATED_STATUSES",
+    "COLUMN_TYPES", "SIMULATED_STATUSES", "NA", "Mark", "mark", "rollback",
 ]
 
-ARTIFACT_COLUMNS = ("Impl Model Seq DecSeq nGPU Batch Ckpt PerGPUParam Thrpt PerGPUMem "
-                    "PerGPUTFLOPS").split()
-EXTRA_COLUMNS = ("Status MFU StepTime PeakTFLOPS GitCommit Torch Transformers DeepSpeed "
-                 "MegatronCore Device World TP PP DP Dtype Steps Time Error Knobs Repeat "
-                 "Machine Resumed").split()
-COLUMNS = tuple(ARTIFACT_COLUMNS + EXTRA_COLUMNS)
-STATUSES = ("ok", "oom", "fail", "timeout", "skipped", "sim", "sim-oom")
-# rows predicted by ``python -m end2end.simulate`` (docs/simulate.md), never measured ones
-SIMULATED_STATUSES = ("sim", "sim-oom")
-NA = "na"
 MAGIC = "# slapo-results v1"
-MAX_ERROR = 500
-
-
-class ResultsError(ConfigError):
-    """A results file is malformed or incompatible."""
-
-
-@dataclass
-class ResultRow:
-    """One run's outcome; attribute ``impl`` is the TSV column ``Impl`` etc. (see ``COLUMNS``)."""
-
-    impl: str
-    model: str
-    seq: int
-    dec_seq: int
-    ngpu: int
-    batch: int
-    ckpt: str
-    per_gpu_param: Optional[float] = None
-    thrpt: Optional[float] = None
-    per_gpu_mem: Optional[float] = None
-    per_gpu_tflops: Optional[float] = None
-    status: str = "ok"
-    mfu: Optional[float] = None
-    step_time: Optional[float] = None
-    peak_tflops: Optional[float] = None
-    git_commit: str = ""
-    torch: str = ""
-    transformers: str = ""
-    deepspeed: str = ""
-    megatron_core: str = ""
-    device: str = ""
-    world: Optional[int] = None
-    tp: Optional[int] = None
-    pp: Optional[int] = None
-    dp: Optional[int] = None
-    dtype: str = ""
-    steps: Optional[int] = None
-    time: str = ""
-    error: str = ""
-    knobs: str = ""
-    repeat: int = 0
-    machine: str = ""  # "quiet (...)"/"busy (...)": the sweep's watch (end2end.sweep.quiet)
-    resumed: str = ""  # "from step K": continued from a saved state (end2end.driver.resume)
-    extra: Dict[str, Any] = field(default_factory=dict)  # JSON twin only (breakdowns, logs)
-
-    @classmethod
-    def from_spec(cls, spec: RunSpec, status: str = "ok", **values: Any) -> "ResultRow":
-        """A row for ``spec``; ``values`` fill metric/env fields (``ResultRow`` attribute names)."""
-        tp, pp, dp = spec.parallel_sizes
-        base = dict(impl=spec.mode, model=spec.model, seq=spec.seq_len, dec_seq=spec.dec_seq_len,
-                    ngpu=spec.n, batch=spec.batch_size, ckpt=spec.ckpt, status=status,
-                    world=spec.n, tp=tp, pp=pp, dp=dp, dtype=spec.dtype or "",
-                    steps=spec.steps, knobs=spec.knobs, repeat=spec.repeat)
-        base.update(values)
-        return cls(**base)
-
-    @property
-    def key(self) -> Tuple:
-        return run_key(self.impl, self.model, self.seq, self.dec_seq, self.ngpu, self.batch,
-                       _canonical_ckpt(self.ckpt), self.tp, self.pp, self.knobs, self.repeat)
-
-    def validate(self) -> None:
-        if self.status not in STATUSES:
-            raise ResultsError(f"status {self.status!r} is not one of {STATUSES}")
-        if self.status in ("ok", "sim") and (self.thrpt is None or not math.isfinite(self.thrpt)):
-            raise ResultsError(f"row {self.key} has status ok but no throughput",
-                               hint="use status fail with an error message")
-        if self.status not in ("ok", "sim") and not self.error:
-            raise ResultsError(f"row {self.key} has status {self.status} but no error message")
-
-
-_FIELDS = [f for f in fields(ResultRow) if f.name != "extra"]
-assert len(_FIELDS) == len(COLUMNS)
-_COLUMN_OF = {f.name: col for f, col in zip(_FIELDS, COLUMNS)}
-# What a cell holds: "int" (every row has one), "number" (a number or ``na``), or "text".
-COLUMN_TYPES = {_COLUMN_OF[f.name]: "int" if f.type == "int" else "number"
-                if "int" in f.type or "float" in f.type else "text" for f in _FIELDS}
-
-
-def _canonical_ckpt(text: str) -> str:
-    try:
-        return format_ratio(float(text))
-    except ValueError:
-        return text.strip().lower()
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return NA
-    if isinstance(value, float):
-        return NA if not math.isfinite(value) else f"{value:.6g}"
-    return " ".join(str(value).split())[:MAX_ERROR]  # no tabs/newlines inside a cell
-
-
-def _parse_cell(f: dataclasses.Field, text: str) -> Any:
-    kind = COLUMN_TYPES[_COLUMN_OF[f.name]]
-    if kind != "text":
-        if text in (NA, "", "oom", "fail", "nan"):
-            if kind == "int":
-                raise ValueError(f"{f.name} is {text!r}")
-            return None
-        return int(text) if "int" in f.type else float(text)
-    return text
-
-
-def _json_value(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def env_columns(env: Dict[str, Any]) -> Dict[str, Any]:
-    """The ``ResultRow`` environment fields taken from an ``env_dump()`` dict."""
-    return dict(git_commit=env.get("git_commit", ""), torch=env.get("torch", ""),
-                transformers=env.get("transformers", ""), deepspeed=env.get("deepspeed", ""),
-                megatron_core=env.get("megatron_core", ""), device=env.get("device", ""))
 
 
 def twin_path(path: Union[str, Path]) -> Path:
@@ -266,21 +142,6 @@ class Results:
 
     def ok(self) -> List[ResultRow]:
         return [r for r in self.rows if r.status == "ok"]
-
-
-def _row_from_cells(cells: Sequence[str], columns: Sequence[str]) -> ResultRow:
-    by_col = dict(zip(columns, cells))
-    values: Dict[str, Any] = {}
-    for f in _FIELDS:
-        col = _COLUMN_OF[f.name]
-        if col in by_col:
-            values[f.name] = _parse_cell(f, by_col[col])
-    if "Status" not in by_col:  # artifact format: "na oom oom oom" / "na fail fail fail"
-        thrpt = by_col.get("Thrpt", "")
-        values["status"] = thrpt if thrpt in ("oom", "fail") else "ok"
-        if values["status"] != "ok":
-            values["error"] = f"{thrpt} (artifact row)"
-    return ResultRow(**values)
 
 
 def read_results(path: Union[str, Path], strict: bool = False,

@@ -12,9 +12,11 @@ ratios and is "within noise" (``~``) when that range includes 1.0 (rounds that
 do not pair up: when the two bars' ranges overlap). A bar with a repeat measured while the
 machine was busy (the row's ``Machine`` column, :mod:`end2end.sweep.quiet`) and every ratio
 that uses it are marked ``!`` in the tables (:data:`BUSY_MARK`, :data:`BUSY_NOTE`).
-Everything here comes from the rows; nothing is a constant. The rows are aggregated as a pandas
-DataFrame (:func:`end2end.results.stats.to_frame`): grouped into settings and bars, the best
-bars of each side picked per panel, the Markdown table pivoted from the cells.
+Everything here comes from the rows; nothing is a constant. Which system a row is, and its
+label, colour and baselines, come from :mod:`end2end.results.systems` (re-exported here). The
+rows are aggregated as a pandas DataFrame (:func:`end2end.results.stats.to_frame`): grouped into
+settings and bars, the best bars of each side picked per panel, the Markdown table pivoted from
+the cells.
 """
 
 from __future__ import annotations
@@ -29,27 +31,16 @@ from slapo.errors import ConfigError
 
 from end2end.results.stats import Ratio, Samples, to_frame
 from end2end.results.store import SIMULATED_STATUSES, ResultRow
-from end2end.spec.modes import FIGURE7_GROUPS, MODE_TABLE, PEER_GROUPS
+from end2end.results.systems import (BASELINES, COLOR, GROUPS, LABEL, PAIRS, SYSTEMS,
+                                     base_system, baselines_of, is_slapo_system, label_of,
+                                     model_label, system_of)
+from end2end.spec.modes import PEER_GROUPS
 
 __all__ = ["SYSTEMS", "GROUPS", "PEER_GROUPS", "PAIRS", "BASELINES", "LABEL", "COLOR",
            "PlotError", "Panel", "Cell", "Speedup", "system_of", "base_system", "label_of",
            "baselines_of", "is_slapo_system", "figure7_table", "is_predicted", "figure_systems",
            "panel_systems", "panel_title", "speedups", "format_speedups", "format_markdown",
            "ratio_text", "BUSY_MARK", "BUSY_NOTE", "busy_note"]
-
-# Everything about a system comes from the table of modes (end2end/spec/modes.py):
-# (impl, legend label, colour) per mode, in the table's order.
-SYSTEMS: Tuple[Tuple[str, str, str], ...] = tuple((m.name, m.label, m.color)
-                                                 for m in MODE_TABLE.values())
-# Panels show a group of systems when the model has a row of any system in it (then a missing
-# member, e.g. Megatron-LM for RoBERTa, gets a grey "x"): the Figure-7 four, and the CPU pair.
-GROUPS = FIGURE7_GROUPS
-# (Slapo system, its baseline); a Slapo bar is labelled with the first baseline of its panel
-PAIRS = tuple((m.name, base) for m in MODE_TABLE.values() for base in m.baselines)
-BASELINES = tuple(m.name for m in MODE_TABLE.values() if not m.slapo)
-LABEL = {impl: label for impl, label, _ in SYSTEMS}
-COLOR = {impl: color for impl, _, color in SYSTEMS}
-
 
 class PlotError(ConfigError):
     """The rows cannot be drawn without comparing unlike runs."""
@@ -201,53 +192,6 @@ def panel_title(panel: Panel, per_n: Dict[int, Dict[str, Cell]]) -> str:
     seq = f"seq {panel.seq}" + (f"/{panel.dec_seq}" if panel.dec_seq else "")
     batch = _batches(c for cells in per_n.values() for c in cells.values())
     return " · ".join(x for x in (model_label(panel.model), seq, batch) if x)
-
-
-def model_label(name: str) -> str:
-    try:
-        from end2end.models import get_model_spec
-
-        return get_model_spec(name).label
-    except (ImportError, LookupError):  # no torch here, or a model not in the zoo
-        return name
-
-
-def system_of(row: ResultRow) -> str:
-    """The bar a row belongs to: its mode, or ``"mode [knobs]"`` for a run with recipe knobs
-    (``#@ knobs=``) or a pipeline (``pp=N``, N > 1), which is a system of its own."""
-    extra = ",".join(filter(None, [f"pp={row.pp}" if (row.pp or 1) > 1 else "", row.knobs]))
-    return f"{row.impl} [{extra}]" if extra else row.impl
-
-
-def base_system(system: str) -> str:
-    """``"slapo [fuse=False]"`` -> ``"slapo"``."""
-    return system.split(" [", 1)[0]
-
-
-# a mode whose runtime is another one under a pipeline: slapo-deepspeed with pp > 1 runs on
-# DeepSpeed's pipeline engine, not ZeRO-3
-PIPELINE_LABEL = {"slapo-deepspeed": "Slapo-DeepSpeed"}
-
-
-def label_of(system: str) -> str:
-    """Legend label: ``Slapo``, ``Slapo [fuse_bias_gelu=True]``, ``Slapo-DeepSpeed [pp=2]``."""
-    base = base_system(system)
-    label = LABEL.get(base, base)
-    if "pp=" in system[len(base):]:
-        label = PIPELINE_LABEL.get(base, label)
-    return label + system[len(base):]
-
-
-def is_slapo_system(system: str) -> bool:
-    """A bar of a Slapo mode (with or without knobs); rows of modes this version does not know
-    are not."""
-    mode = MODE_TABLE.get(base_system(system))
-    return mode is not None and mode.slapo
-
-
-def baselines_of(system: str) -> List[str]:
-    """The baselines a Slapo system (with or without knobs) is compared with (``PAIRS``)."""
-    return [den for num, den in PAIRS if num == base_system(system)]
 
 
 class Speedup(NamedTuple):
