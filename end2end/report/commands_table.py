@@ -8,8 +8,10 @@ command the records to derive it from; its columns:
 ``command``    the command as the README gives it
 ``what``       what it runs
 ``results``    results files (comma-separated, repository paths) whose rows it wrote
-``record``     ``LOG#NAME``: the step ``NAME`` of a sitting's log (``<time> start NAME ...`` and
-               ``<time> end NAME rc=RC SECONDS s ...`` lines), the command's own wall time
+``record``     the command's own wall time: ``LOG#NAME``, the step ``NAME`` of a sitting's log
+               (``<time> start NAME ...`` and ``<time> end NAME rc=RC SECONDS s ...`` lines),
+               or ``DIR/.reproduce/STEP.json``, the record ``scripts/reproduce.sh`` writes
+               for a step it ran (:mod:`end2end.reproduce.runner`)
 ``measured``   typed cells: what no record holds (e.g. the set-up's wall time, a re-run's
 ``finished``   wall time); a typed cell is used as it is and marked ``†`` in the table, an empty
 ``machine``    one is derived
@@ -88,16 +90,32 @@ def _seconds(text: str) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
 
 
+def _reproduce_record(path: Path) -> Tuple[str, float, int]:
+    """A step record of ``scripts/reproduce.sh`` (``{"status", "seconds", "finished": "YYYY-MM-DD
+    HH:MM UTC", ...}``) as ``(end time, seconds, 0 or 1)``."""
+    try:
+        data = json.loads(path.read_text())
+        end = str(data["finished"]).replace(" UTC", "").replace(" ", "T") + ":00+00:00"
+        return end, float(data["seconds"]), 0 if data["status"] == "ok" else 1
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ReportError(f"{path.name} is not a step record of scripts/reproduce.sh",
+                          hint="name DIR/.reproduce/STEP.json of a finished step") from None
+
+
 def read_record(root: Path, spec: str) -> Tuple[str, float, int]:
-    """``(end time, seconds, exit code)`` of the step ``NAME`` in ``LOG#NAME``.
+    """``(end time, seconds, exit code)`` of the step ``NAME`` in ``LOG#NAME``, or of a
+    reproduce step record (``.json``).
 
     Raises:
         ReportError: no ``#``, a missing log, or no ``end NAME`` line in it.
     """
+    if spec.endswith(".json") and "#" not in spec:
+        return _reproduce_record(root / spec)
     log, _, name = spec.partition("#")
     path = root / log
     if not name or not path.is_file():
-        raise ReportError(f"record {spec!r}: expected LOG#STEP with LOG a committed file",
+        raise ReportError(f"record {spec!r}: expected LOG#STEP with LOG a committed file, or "
+                          "a reproduce step record DIR/.reproduce/STEP.json",
                           hint="e.g. docs/results/sitting.log#cpu")
     for line in path.read_text().splitlines():
         match = _END.match(line)

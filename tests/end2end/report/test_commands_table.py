@@ -52,6 +52,22 @@ def test_cells_come_from_the_rows_and_the_log_and_typed_ones_are_marked(tmp_path
     assert "typed in `docs/results/commands.src.tsv`" in table[-1]
 
 
+def test_a_reproduce_step_record_gives_the_wall_time(tmp_path):
+    _results(tmp_path)
+    state = tmp_path / "docs" / "results" / ".reproduce"
+    state.mkdir(parents=True)
+    (state / "fig7.json").write_text('{"name": "fig7", "status": "ok", "seconds": 754.0, '
+                                     '"finished": "2026-12-01 10:05 UTC", "commands": []}')
+    (state / "bad.json").write_text('{"name": "bad"}')
+    src = _source(tmp_path, "`run r`\tthe sweep\tdocs/results/r.tsv\t"
+                            "docs/results/.reproduce/fig7.json\t\t\t\t")
+    assert "| 12 min 34 s | 2026-12-01 10:05 |" in commands_markdown(tmp_path, src)
+    src = _source(tmp_path, "`run r`\tthe sweep\tdocs/results/r.tsv\t"
+                            "docs/results/.reproduce/bad.json\t\t\t\t")
+    with pytest.raises(ReportError, match="bad.json is not a step record"):
+        commands_markdown(tmp_path, src)
+
+
 def test_the_machine_cell_counts_the_rows_measured_while_busy(tmp_path):
     _results(tmp_path, machine=("quiet (others 1%)", "busy (others 60%)"))
     src = _source(tmp_path, "`run r`\tthe sweep\tdocs/results/r.tsv\t\t\t\t\t")
