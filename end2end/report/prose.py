@@ -37,7 +37,7 @@ VERSION = re.compile(r"(?:torch|python|transformers|deepspeed|megatron-core|nump
                      r"straddles?|below|above)\s*$", re.I)
 # what names a source: a committed file, a test, or the paper
 SOURCE = re.compile(r"docs/results/|\.tsv\b|\.jsonl\b|\.db\b|\.cmd\b|results file|tests/|"
-                    r"measurement_log|commands\.tsv|the paper|paper's|arxiv|artifact's|"
+                    r"measurement_log|commands\.src\.tsv|the paper|paper's|arxiv|artifact's|"
                     r"table of commands|setup\.sh|--list|\bgenerated\b|report:", re.I)
 SENTENCE = re.compile(r"(?<=[.;!?])\s+(?=[A-Z(`*\[])")
 INLINE = re.compile(r"`[^`]*`|<!--.*?-->|\]\([^)]*\)|https?://\S+")
