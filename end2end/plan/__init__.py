@@ -6,9 +6,11 @@ The package in the order a plan runs: ``cluster.py`` the cluster spec (``h100-80
 accepts; ``rules.py`` pruning before simulation (divisibility, memory lower bound);
 ``estimate.py`` a first-order time and memory estimate that orders the simulations;
 ``shapes.py`` a model's name with a size changed (reduced depth, longer sequences);
-``predict.py`` a candidate simulated at two reduced depths and extrapolated, cached on disk;
+``predict.py`` a candidate simulated (whole, or at two reduced depths and extrapolated), cached
+on disk;
 ``search.py`` :func:`plan`, the search within a budget; ``report.py`` the table, the best
-config and launch command, ``--explain`` and ``--json``; ``__main__.py`` the command line.
+config and launch command, ``--explain`` and ``--json``; ``check.py`` the extrapolation against
+full-depth simulations (``--check``); ``__main__.py`` the command line.
 
 ``plan(model, cluster, seq, ...)`` returns a :class:`PlanResult` whose ``ranked`` candidates
 other tools read (a validation against published layouts, a measured study).
