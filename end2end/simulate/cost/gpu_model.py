@@ -21,9 +21,10 @@ memory_efficiency)) + kernel_overhead``, where the efficiency depends on the ker
 Views and allocations (``empty``, ``empty_like``, ``empty_strided``, ``new_empty``,
 ``new_empty_strided``: the caching allocator hands out memory, no kernel runs; PyTorch's
 ``aten/src/ATen/native/TensorFactories.cpp`` launches none for them; ``_unsafe_view``, a view
-that autograd does not track as one) cost nothing on the GPU; runtime costs measured on a CPU (:data:`cpu_model.RUNTIME_COSTS`)
-are not charged. The host: eager PyTorch issues every kernel from Python (``host_op_s`` per op,
-the profile's), so a phase takes at least its ops x that (:func:`phase_seconds`).
+that autograd does not track as one) cost nothing on the GPU; runtime costs measured on a CPU
+(:data:`cpu_model.RUNTIME_COSTS`) are not charged. The host: eager PyTorch issues every kernel
+from Python (``host_op_s`` per op, the profile's), so a phase takes at least its ops x that
+(:func:`phase_seconds`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from typing import Dict, Iterable, Tuple
 from end2end.simulate.cost.cpu_model import RUNTIME_COSTS
 from end2end.simulate.cost.records import OpRecord
 
-__all__ = ["NO_KERNEL", "TILES", "GEMM_SHAPED", "gemm_shape", "tile_utilisation", "kernel_efficiency",
-           "kernel_seconds", "phase_seconds", "ATTENTION_KINDS"]
+__all__ = ["NO_KERNEL", "TILES", "GEMM_SHAPED", "gemm_shape", "tile_utilisation",
+           "kernel_efficiency", "kernel_seconds", "phase_seconds", "ATTENTION_KINDS"]
 
 #: cuBLAS's typical output tiles (NVIDIA's Matrix Multiplication Background guide, section 2.3)
 TILES: Tuple[Tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128),
