@@ -38,6 +38,7 @@ from end2end.plan.cluster import Cluster
 from end2end.plan.rules import (DTYPE_BYTES, parameter_count, shards_states_over_dp,
                                 state_bytes_per_parameter)
 from end2end.plan.space import Candidate, ckpt_fraction
+from end2end.spec.modes import get_mode
 from end2end.spec.runspec import DTYPES
 
 __all__ = ["estimate_seconds", "estimate_throughput", "estimate_memory", "OPS_PER_LAYER"]
@@ -98,7 +99,7 @@ def _in_flight(cand: Candidate) -> int:
     """Micro-batches whose activations a pipeline stage holds at once."""
     if cand.pp == 1:
         return 1
-    if cand.mode == "slapo-deepspeed":
+    if get_mode(cand.mode).framework == "deepspeed":  # DeepSpeed's 1F1B
         return min(cand.accumulation, cand.pp)
     return cand.accumulation
 

@@ -29,6 +29,19 @@ ALLOWED = {
     # The simulator's recorder follows FSDP2's storage resizes, which are no ATen op (as
     # torch.distributed._tools.MemTracker does, by the same assignment).
     ("end2end/simulate/engine/recorder.py", "torch.UntypedStorage.resize_"),
+    # Dropout as CUDA runs it (native_dropout), for the same reason as SDPA above: HF and
+    # torch.nn.Dropout call the function, also when checkpointing recomputes.
+    ("end2end/simulate/cost/kernels.py", "F.dropout"),
+    # Megatron's fused softmax is a CUDA extension module megatron-core imports by name: its
+    # stand-in on a simulated GPU can only be an importable module.
+    ("end2end/simulate/cost/megatron_kernels.py", "sys.modules"),
+    # DTensor's metadata propagation on global shapes runs inside this replaceable context
+    # (nullcontext by default, a lock in multi-threaded tests): the one place to tell the
+    # recorder that what runs there is no rank's work.
+    ("end2end/simulate/engine/recorder.py", "ShardingPropagator._fake_mode_lock"),
+    # HF drops an all-ones padding mask unless a tensor "is tracing"; a fake tensor counts, and
+    # transformers has no switch for it (the simulator's GPU profiles decide as a real run).
+    ("end2end/simulate/engine/step.py", "masking.is_tracing"),
 }
 
 
