@@ -300,7 +300,8 @@ def _blocked_local_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     band = (j > i) & (j <= i + w)  # key c*w - w + j is within the window of query c*w + i
     rest_q = q[:, :, w:].reshape(b, h * (n - 1), w, d)
     rest = _sdpa(rest_q, pairs(k), pairs(v), band, False, scale, dropout_p, backend, call)
-    out = torch.cat([first, rest.view(b, h, (n - 1) * w, -1)], dim=2)
+    # reshape, not view: a fused CUDA kernel returns its output in [B, L, H, D] memory order
+    out = torch.cat([first, rest.reshape(b, h, (n - 1) * w, -1)], dim=2)
     return out[:, :, :s]
 
 

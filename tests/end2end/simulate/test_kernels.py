@@ -134,3 +134,18 @@ def test_an_all_ones_padding_mask_is_dropped_as_on_a_gpu(mode, model):
 
     chosen = isolated("tests.end2end.simulate.test_kernels._kernels_of", mode, model)
     assert chosen == {"flash": 2}, chosen  # both layers of the tiny model
+
+
+def test_blocked_local_attention_takes_a_fused_kernels_output_layout():
+    """A fused CUDA kernel returns its output in [B, L, H, D] memory order: Slapo's blocked
+    local attention (GPT-Neo's window) viewed it as contiguous and failed on a V100's
+    memory-efficient kernel (found by simulating GPT-Neo 1.3B at seq 1024)."""
+    from slapo.op import attention
+
+    with FakeTensorMode():
+        q, k, v = (torch.randn(2, 4, 1024, 128, dtype=F16, requires_grad=True)
+                   for _ in range(3))
+        with GpuAttention(V100) as mode:
+            out = attention(q, k, v, causal=True, window_size=256, dropout_p=0.1)
+            out.sum().backward()
+    assert tuple(out.shape) == (2, 4, 1024, 128) and mode.chosen.get("efficient", 0) >= 1
