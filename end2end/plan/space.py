@@ -149,11 +149,7 @@ def _layouts(mode: str, n: int) -> List[Tuple[int, int]]:
     pairs = []
     for pp in pps:
         for tp in _divisors(n // pp):
-            # "world" (slapo) without a pipeline: the schedule shards over every rank, so a
-            # line with tp < n would run TP = n while its row says TP = tp (the driver's
-            # check lets tp=1 through): only tp = n
-            if pp > 1 or info.tp == "any" or (info.tp == "world" and tp == n) \
-                    or (info.tp == "none" and tp == 1):
+            if info.allows_tp(tp, pp, n):
                 pairs.append((tp, pp))
     return pairs
 

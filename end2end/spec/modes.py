@@ -93,12 +93,20 @@ class Mode:
         """(TP, PP, DP) of a run on ``n`` ranks without a layout directive."""
         return (n, 1, 1) if self.tp_default else (1, 1, n)
 
+    def allows_tp(self, tp: int, pp: int, n: int) -> bool:
+        """Whether this mode runs TP ``tp`` with ``pp`` stages on ``n`` ranks: a pipeline
+        takes any tp; ``any``: any; ``world``: only tp = n (the schedule shards over every
+        rank, so tp=1 on several ranks would run TP = n under a row saying TP 1); ``none``:
+        tp = 1."""
+        return (pp > 1 or self.tp == "any" or (self.tp == "world" and tp == n)
+                or (self.tp == "none" and tp <= 1))
+
     def check_tp(self, tp: int, pp: int, n: int) -> None:
         """Raise :class:`ConfigError` when this mode cannot run TP ``tp`` (with ``pp`` stages
-        on ``n`` ranks)."""
-        if tp <= 1 or pp > 1 or self.tp == "any" or (self.tp == "world" and tp == n):
+        on ``n`` ranks): :meth:`allows_tp`."""
+        if self.allows_tp(tp, pp, n):
             return
-        raise ConfigError(f"tp={tp} is not available in mode {self.name!r}",
+        raise ConfigError(f"tp={tp} is not available in mode {self.name!r} on {n} ranks",
                           call="end2end.bench", hint=_tp_hint())
 
 def _tp_hint() -> str:

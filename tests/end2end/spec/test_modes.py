@@ -69,6 +69,12 @@ def test_tp_and_pipeline_refusals_come_from_the_table():
         get_mode("slapo").check_tp(2, 1, 4)
     with pytest.raises(ConfigError, match="tp=2 is not available in mode 'deepspeed'"):
         get_mode("deepspeed").check_tp(2, 1, 2)
+    # a mode whose schedule shards over every rank cannot run TP 1 on several ranks (it used
+    # to run TP = n under a row saying TP 1)
+    for name in ("slapo", "slapo-auto", "dtensor-tp", "hf-tp"):
+        get_mode(name).check_tp(1, 1, 1)
+        with pytest.raises(ConfigError, match=f"tp=1 is not available in mode '{name}' on 2"):
+            get_mode(name).check_tp(1, 1, 2)
     for name in MODES:
         if get_mode(name).pipeline_enabled:
             check_pipeline_mode(name, 2)
