@@ -6,7 +6,8 @@ everything they print in ``DIR/<step>/log.txt``. A step that finishes writes
 steps recorded ``ok`` and runs the others again (the sweeps inside them resume by their results
 files, so a step cut short loses only its current run). One progress line per step says where
 the plan is and about how long is left: the remaining steps' estimates scaled by the pace of the
-steps this run has finished.
+steps this run has finished (damped by :data:`PACE_PRIOR_S` of estimate taken at face value,
+so a step of a few seconds does not rescale hours).
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ from end2end.reproduce.plan import Step
 from end2end.sweep.progress import format_duration
 
 __all__ = ["ROOT", "Outcome", "load_outcomes", "claim_folder", "commands_of", "env_of",
-           "run_plan"]
+           "run_plan", "estimate_left", "PACE_PRIOR_S"]
+
+#: Seconds of estimate counted as run exactly on time before any step has finished: the pace
+#: of the steps done (measured / estimated) moves the estimate of what is left only once they
+#: add up to a comparable time (a 1 s step that was estimated at 15 s must not turn 1h40m
+#: into 9 minutes).
+PACE_PRIOR_S = 600.0
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = ".reproduce"
@@ -150,6 +157,14 @@ def _run_step(step: Step, out: Path, python: str, sweep_args: Sequence[str]) -> 
     return outcome
 
 
+def estimate_left(estimates: Sequence[float], estimated: float, measured: float) -> float:
+    """Seconds the steps with ``estimates`` will take, scaled by the pace of the steps already
+    run (``measured`` seconds for ``estimated`` seconds of estimate), damped by
+    :data:`PACE_PRIOR_S`."""
+    pace = (measured + PACE_PRIOR_S) / (estimated + PACE_PRIOR_S)
+    return pace * sum(estimates)
+
+
 def run_plan(steps: Sequence[Step], out: Path, python: str = sys.executable,
              stream: TextIO = sys.stdout, dry_run: bool = False,
              sweep_args: Sequence[str] = ()) -> Dict[str, Outcome]:
@@ -162,8 +177,8 @@ def run_plan(steps: Sequence[Step], out: Path, python: str = sys.executable,
     spent = {"estimated": 0.0, "measured": 0.0}
 
     def left(after: int) -> float:
-        pace = spent["measured"] / spent["estimated"] if spent["estimated"] else 1.0
-        return pace * sum(estimate[s.name] for s in todo[after:])
+        return estimate_left([estimate[s.name] for s in todo[after:]], spent["estimated"],
+                             spent["measured"])
 
     def say(line: str) -> None:
         print(line, file=stream, flush=True)

@@ -12,7 +12,7 @@ import pytest
 
 from end2end.reproduce.page import write_index
 from end2end.reproduce.plan import PLANS, plan, step_names
-from end2end.reproduce.runner import Outcome
+from end2end.reproduce.runner import Outcome, estimate_left
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ["bash", str(ROOT / "scripts" / "reproduce.sh")]
@@ -118,3 +118,12 @@ def test_the_readme_names_it_on_its_first_screen():
     assert "bash scripts/reproduce.sh" in first and "bash scripts/setup.sh" in first \
         and "bash scripts/test.sh" in first
     assert sys.executable  # the script runs the venv's python (PYTHON overrides it)
+
+
+def test_a_short_step_does_not_rescale_the_estimate_of_hours():
+    hours = [1300.0, 940.0, 580.0, 240.0, 370.0, 470.0, 500.0, 620.0, 90.0, 900.0]
+    assert estimate_left(hours, 0.0, 0.0) == sum(hours)
+    # table4 took 1 s of its 15 s estimate: the rest stays within 3 % of the estimates
+    assert estimate_left(hours, 15.0, 1.0) > 0.97 * sum(hours)
+    # a long step twice as slow as estimated moves the rest most of the way to twice
+    assert estimate_left(hours[1:], 1300.0, 2600.0) > 1.6 * sum(hours[1:])
