@@ -6,6 +6,7 @@ minute; ``SLAPO_STRESS_RUNS=N`` for more); the docs examples themselves run once
 docs tests (conftest.py). The long run is ``python -m slapo.testing.stress_exit --runs 50``.
 """
 
+import json
 import os
 import re
 
@@ -52,3 +53,39 @@ def test_training_scripts_exit_zero_as_a_user_runs_them():
     codes = stress_exit.stress(SUITE, runs, timeout_s=240, log=log.append)
     failed = {n: rcs for n, rcs in codes.items() if any(rc != 0 for rc in rcs)}
     assert not failed, f"non-zero exits {failed}:\n" + "\n".join(log)[-6000:]
+
+
+def _plain_scripts(ok_text: str = "pass\n") -> dict:
+    return {"ok": stress_exit.PLAIN_PYTHON + ok_text,
+            "bad": stress_exit.PLAIN_PYTHON + "raise SystemExit(3)\n"}
+
+
+def test_the_record_accumulates_runs_of_each_scripts_current_text(monkeypatch, tmp_path, capsys):
+    record = tmp_path / "runs.jsonl"
+    monkeypatch.setattr(stress_exit, "examples", _plain_scripts)
+    assert stress_exit.main(["--record", str(record), "--until", "2"]) == 1
+    assert len(record.read_text().splitlines()) == 4
+    # a later sitting runs only what is missing
+    assert stress_exit.main(["--record", str(record), "--until", "3"]) == 1
+    runs = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [r["script"] for r in runs].count("ok") == 3 and len(runs) == 6
+    assert {r["rc"] for r in runs if r["script"] == "bad"} == {3}
+    capsys.readouterr()
+    assert stress_exit.main(["--record", str(record), "--summary"]) == 1
+    out = capsys.readouterr().out
+    assert "ok: 0 non-zero of 3" in out and "bad: 3 non-zero of 3 (exit codes [3, 3, 3])" in out
+    # runs of an older text of a script no longer count
+    monkeypatch.setattr(stress_exit, "examples", lambda: _plain_scripts("x = 1\n"))
+    assert stress_exit.main(["--record", str(record), "--summary", "--only", "ok"]) == 0
+    assert "ok: 0 non-zero of 0" in capsys.readouterr().out
+
+
+def test_record_options_need_a_record_and_a_broken_record_is_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        stress_exit.main(["--until", "5"])
+    assert "give --record FILE" in capsys.readouterr().err
+    record = tmp_path / "runs.jsonl"
+    record.write_text('{"script": "torch_tp"}\n')
+    with pytest.raises(SystemExit):
+        stress_exit.main(["--record", str(record), "--summary"])
+    assert f"{record}:1: not a stress run record" in capsys.readouterr().err
