@@ -15,7 +15,8 @@ a zoo name (:data:`end2end.models.zoo.ZOO`) a MODEL can be
 * a path to an HF ``config.json`` (or a directory holding one), read without downloading: its
   ``model_type`` picks the family, its sizes the fields, and a few settings that change the
   computation (rotary base and scaling, tied embeddings, activation, norms' epsilon, sliding
-  window, biases) are passed on to the HF config; the rest (ids, dtype, architectures) is not.
+  window, biases, dropout probabilities) are passed on to the HF config; the rest (ids, dtype,
+  architectures) is not.
 
 The text itself is the model's name everywhere (results rows, resume keys), so the driver, the
 simulator and the FLOP count (:mod:`end2end.models.flops`) all see the same shape. Vocabularies
@@ -71,7 +72,11 @@ _HF_EXTRAS = ("rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddi
               "hidden_act", "activation_function", "rms_norm_eps", "layer_norm_eps",
               "layer_norm_epsilon", "sliding_window", "use_sliding_window", "attention_bias",
               "mlp_bias", "do_layer_norm_before", "attention_types", "window_size",
-              "query_pre_attn_scalar", "partial_rotary_factor", "qkv_bias")
+              "query_pre_attn_scalar", "partial_rotary_factor", "qkv_bias",
+              # dropout probabilities: a mask per dropout is kept for backward (memory, time)
+              "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
+              "attention_probs_dropout_prob", "resid_dropout", "embed_dropout",
+              "attention_dropout", "dropout", "activation_dropout", "dropout_rate")
 
 
 class ModelShapeError(ConfigError):

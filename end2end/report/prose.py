@@ -115,9 +115,16 @@ def offenders(path: Path, root: Path = ROOT) -> List[Offender]:
     return found
 
 
+#: The artifact's folders whose README.md the rule covers besides the top one and docs/.
+ARTIFACT_FOLDERS = ("end2end", "ablation", "autotune", "usability", "docker", "3rdparty")
+
+
 def documents(root: Path = ROOT) -> List[Path]:
-    """README.md and every page of docs/ (what the rule covers)."""
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    """README.md, every page of docs/ and the README.md of each of :data:`ARTIFACT_FOLDERS`
+    (what the rule covers)."""
+    folders = [root / f / "README.md" for f in ARTIFACT_FOLDERS
+               if (root / f / "README.md").is_file()]
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), *folders]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

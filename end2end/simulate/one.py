@@ -12,12 +12,14 @@ of its own
 ``memory_gb`` is the predicted ``PerGPUMem`` (peak per rank, comparable with what the driver
 measures: on ``cpu`` the profile's calibrated RSS overhead included), ``samples_per_s`` the
 predicted throughput, ``calibration`` which calibration (file, date, load) or datasheet
-profile the prediction used. ``status``: ``sim``; ``sim-oom`` when ``memory_gb`` exceeds
-``--mem-budget-gb`` (the budget the driver's ``--mem-budget-gb`` enforces for real), or, without
-a budget, when the profile predicts the device's memory is exceeded; ``fail`` with the error a
-real run would raise (an invalid run prints ``fail`` too); ``timeout`` after ``--timeout``.
-Usage mistakes (an unknown profile, a calibration file that does not exist) are one line on
-stderr and exit status 2, so the tuner reports the template as wrong instead of guessing.
+profile the prediction used, ``timing`` the slowest rank's seconds by phase (compute, exposed
+and hidden communication, total: the row's ``extra.timing``). ``status``: ``sim``; ``sim-oom``
+when ``memory_gb`` exceeds ``--mem-budget-gb`` (the budget the driver's ``--mem-budget-gb``
+enforces for real), or, without a budget, when the profile predicts the device's memory is
+exceeded; ``fail`` with the error a real run would raise (an invalid run prints ``fail``
+too); ``timeout`` after ``--timeout``. Usage mistakes (an unknown profile, a calibration file
+that does not exist) are one line on stderr and exit status 2, so the tuner reports the
+template as wrong instead of guessing.
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ def prediction_line(values: Dict[str, Any], budget_gb: Optional[float]) -> Dict[
         out.update(status=status, error=error, memory_gb=memory,
                    samples_per_s=float(values["thrpt"]), step_time=values.get("step_time"),
                    needed_gb=round(values.get("extra", {}).get("needed_bytes", 0) / 1e9, 4))
+        timing = values.get("extra", {}).get("timing") or []
+        if timing:  # the slowest role's seconds by phase (what the step is made of)
+            slow = max(timing, key=lambda t: t.get("total", 0.0))
+            out["timing"] = {k: round(v, 6) for k, v in slow.items()
+                             if isinstance(v, (int, float))}
     elif status not in ("fail", "timeout"):  # e.g. an OOM raised while building
         out.update(status="fail", error=f"{status}: {error}")
     return out

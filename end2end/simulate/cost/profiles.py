@@ -112,6 +112,9 @@ _H100 = "NVIDIA H100 datasheet (SXM5: 67 TFLOP/s fp32, 989 bf16/fp16 tensor dens
     "sparsity), HBM3 3.35 TB/s, 132 SMs, NVLink 4 900 GB/s bidirectional)"
 _H200 = "NVIDIA H200 datasheet (SXM: H100's compute, 141 GB HBM3e at 4.8 TB/s); nvidia-smi " \
     "reports 143771 MiB"
+_TITAN = "pytorch/torchtitan docs/performance.md (Meta's Grand Teton platform: 8 H100 per " \
+    "host fully connected with NVLink, each with 96 GB HBM2e at 2.4 TB/s, 400 Gb/s RDMA per " \
+    "GPU, run at the default 500 W power limit)"
 _MAMF = "stas00/ml-engineering compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS " \
     "comparison table' (BF16, mamf-finder.py, best shape)"
 _SDPA = "PyTorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (can_use_flash_attention, " \
@@ -145,6 +148,11 @@ SOURCES: Dict[str, Dict[str, str]] = {
         "(ConnectX-7) for the compute network", gemm_efficiency=_MAMF
         + ": H100 SXM 794.5 of 989 TFLOP/s = 80.3 %", attention_efficiency=_FA2
         + " (A100 figures; " + _ASSUMED + " for H100)"),
+    "h100-96gb": dict(
+        device=_H100 + " for compute, SMs and NVLink; " + _TITAN,
+        gemm_efficiency="as h100-80gb", attention_efficiency="as h100-80gb",
+        power_limit=_ASSUMED + ": the datasheet's peaks are at 700 W; the 500 W limit's clocks "
+        "are not published, so compute-bound phases are predicted fast"),
     "h200": dict(device=_H200 + "; DGX H200: the DGX H100 network", gemm_efficiency=_MAMF
                  + ": GH200 (H200-class GPU, 141 GB HBM3e) 828.6 of 989 = 83.8 %",
                  attention_efficiency="as h100-80gb"),
@@ -187,6 +195,8 @@ PROFILES: Dict[str, DeviceProfile] = {p.name: p for p in (
          (19.5e12, 312e12), (2039e9, 300e9, 200e9), 108, (8, 0), 0.869),
     _gpu("h100-80gb", "DGX H100: 8 x H100-SXM5 80 GB, NVSwitch, 8 x 400 Gb/s", 80,
          (67e12, 989e12), (3350e9, 450e9, 400e9), 132, (9, 0), 0.803),
+    _gpu("h100-96gb", "Grand Teton: 8 x H100 96 GB HBM2e (2.4 TB/s, 500 W), NVLink, "
+         "8 x 400 Gb/s RDMA", 96, (67e12, 989e12), (2400e9, 450e9, 400e9), 132, (9, 0), 0.803),
     _gpu("h200", "DGX H200: 8 x H200-SXM 141 GB, NVSwitch, 8 x 400 Gb/s", 143771 / 1024,
          (67e12, 989e12), (4800e9, 450e9, 400e9), 132, (9, 0), 0.838),
 )}

@@ -26,7 +26,7 @@ from end2end.simulate.engine.recorder import StepRecorder, rank_local
 
 __all__ = ["RankResult", "simulate_rank", "simulate_rank_isolated", "rank_result_from_json",
            "build_pipeline_schedule", "steady_memory", "multi_tensor_optimizer",
-           "padding_masks_read_as_on_a_gpu"]
+           "padding_masks_read_as_on_a_real_run"]
 
 
 @dataclasses.dataclass
@@ -118,7 +118,7 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
         hooks = _optimizer_phase(recorder)
         capability = _capability(gpu)
         attention = GpuAttention(capability) if capability else contextlib.nullcontext()
-        masks = padding_masks_read_as_on_a_gpu() if capability else contextlib.nullcontext()
+        masks = padding_masks_read_as_on_a_real_run()  # every profile: a CPU drops it too
         try:
             with recorder, attention, masks:
                 runner.train_step(batch)
@@ -185,16 +185,16 @@ def multi_tensor_optimizer(optimizer) -> bool:
 
 
 @contextlib.contextmanager
-def padding_masks_read_as_on_a_gpu():
+def padding_masks_read_as_on_a_real_run():
     """Within: HuggingFace models decide whether to drop their padding mask as on a real run.
     HF drops an all-ones padding mask before SDPA (``transformers.masking_utils``: attention then
-    runs with ``is_causal``, or without a mask, and a GPU can take the flash kernel), but never
-    for a fake tensor, which it counts as tracing (``is_tracing``) since it cannot read its
-    values: every simulated HF model kept a materialised ``B x 1 x s x s`` mask, which rules
-    flash out. The driver's synthetic masks are all ones (:func:`end2end.models.make_inputs`),
-    and the recorder reads a fake scalar as 1 (true), so with a tensor's fakeness no longer
-    counted as tracing (dynamo, jit and fx tracing still are) HF skips the mask as a real run
-    does."""
+    runs with ``is_causal``, or without a mask, and a GPU can take the flash kernel), on any
+    device, but never for a fake tensor, which it counts as tracing (``is_tracing``) since it
+    cannot read its values: every simulated HF model kept a materialised ``B x 1 x s x s`` mask
+    (its bytes and its traffic; on a GPU it also ruled flash out) that no real run builds. The
+    driver's synthetic masks are all ones (:func:`end2end.models.make_inputs`), and the recorder
+    reads a fake scalar as 1 (true), so with a tensor's fakeness no longer counted as tracing
+    (dynamo, jit and fx tracing still are) HF skips the mask as a real run does."""
     import transformers.masking_utils as masking
     from transformers.utils import is_torch_fx_proxy
 

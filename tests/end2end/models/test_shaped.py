@@ -5,6 +5,7 @@ simulator alike; mistakes are one line naming the key and the valid ones."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +171,18 @@ def test_the_driver_and_the_simulator_run_a_shaped_line(tmp_path, capsys):
     forward = [r["extra"]["totals"][0]["flops_forward"] for r in (sim, other)]
     assert forward[1] > 1.5 * forward[0]  # the recorded step follows the shape
     assert sim["extra"]["train_flops_per_sample"] == train_flops_per_sample(TINY_LLAMA, 16)
+
+
+@pytest.mark.parametrize("name, published", [("mpt-7b", 6658859008), ("mpt-13b", 12853954560),
+                                             ("mpt-1b", 1315950592)])
+def test_the_mpt_stand_ins_keep_mpts_settings_and_parameter_count(name, published):
+    """The validation set's MPT stand-ins (docs/results/validation/models/): an HF GPT-2 config
+    with MPT's dropout 0 and exact GELU passed on to the model (HF GPT-2's own defaults are
+    dropout 0.1 and the tanh approximation), and llm-foundry's published NumParams."""
+    path = str(Path(__file__).resolve().parents[3] / "docs/results/validation/models" /
+               f"{name}.json")
+    built = build_model(path, device="meta")
+    c = built.config
+    assert (c.resid_pdrop, c.embd_pdrop, c.attn_pdrop, c.activation_function) == (
+        0.0, 0.0, 0.0, "gelu")
+    assert count_parameters(built) == published

@@ -136,6 +136,31 @@ def test_an_all_ones_padding_mask_is_dropped_as_on_a_gpu(mode, model):
     assert chosen == {"flash": 2}, chosen  # both layers of the tiny model
 
 
+def _mask_bytes_of(mode: str, model: str) -> int:
+    """Bytes that ops on boolean tensors moved in one simulated CPU step of ``model`` (batch 2,
+    sequence 64)."""
+    from end2end.spec.config_file import make_run_spec
+    from end2end.spec.layout import run_layout
+    from end2end.simulate.engine.step import simulate_rank
+
+    spec = make_run_spec(mode, model, 1, 64, 0, 2, "0", steps=1, warmup=0)
+    return sum(op.bytes for op in simulate_rank(spec, run_layout(spec), 0).ops
+               if op.dtype == "bool")
+
+
+@pytest.mark.parametrize("model", ["tiny/llama", "tiny/bert"])
+def test_the_cpu_profile_drops_the_padding_mask_too(model):
+    """A real CPU run drops the all-ones padding mask as a GPU run does (HF's rule does not
+    look at the device); the ``cpu`` profile used to keep the fake one and build a
+    ``B x 1 x s x s`` boolean mask no measured run builds (11-28 kB of boolean traffic here
+    without the rule, about 1 kB with it). Not GPT-2: with attention dropout CPU SDPA takes its
+    math path, which builds an ``s x s`` causal mask of its own, as on a real run."""
+    from end2end.simulate.engine.isolated import isolated
+
+    moved = isolated("tests.end2end.simulate.test_kernels._mask_bytes_of", "eager", model)
+    assert moved < 2 * 64 * 64, moved  # less than one B x 1 x s x s mask
+
+
 def test_blocked_local_attention_takes_a_fused_kernels_output_layout():
     """A fused CUDA kernel returns its output in [B, L, H, D] memory order: Slapo's blocked
     local attention (GPT-Neo's window) viewed it as contiguous and failed on a V100's

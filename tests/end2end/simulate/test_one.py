@@ -36,6 +36,15 @@ def test_the_line_judges_the_budget_on_the_predicted_per_rank_memory():
     assert built_oom["status"] == "fail" and "oom: CUDA out of memory" in built_oom["error"]
 
 
+def test_the_line_carries_the_slowest_ranks_phases():
+    timing = [dict(compute=0.2, comm_exposed=0.05, total=0.25, role="stage 0"),
+              dict(compute=0.3, comm_exposed=0.02, total=0.32)]
+    row = dict(status="sim", error="", thrpt=12.5, per_gpu_mem=1.5, step_time=0.32,
+               extra=dict(needed_bytes=2.0e9, timing=timing))
+    assert prediction_line(row, None)["timing"] == dict(compute=0.3, comm_exposed=0.02,
+                                                        total=0.32)
+
+
 def test_an_invalid_run_is_a_fail_line_and_usage_mistakes_exit_2(tmp_path, capsys):
     assert main([*RUN[:-2], "--ckpt", "1.5", "--device", "v100-32gb"]) == 0
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
