@@ -1,1 +1,1 @@
-RESULTS_DIR=docs/results bash ablation/run.sh --repeat 3
+RESULTS_DIR=docs/results bash ablation/run.sh --scale cpu --repeat 3 --require-quiet

@@ -1,1 +1,1 @@
-python -m autotune.predicted_grid --space autotune/spaces/bert_paper.py --predictions docs/results/autotune-bert-paper.v100-32gb.predictions.jsonl --simulate --json docs/results/autotune-bert-paper.v100-32gb.seeds.jsonl
+/work/main/.venv/bin/python -m autotune.predicted_grid --space autotune/spaces/bert_paper.py --predictions docs/results/autotune-bert-paper.v100-32gb.predictions.jsonl --simulate --json docs/results/autotune-bert-paper.v100-32gb.seeds.jsonl

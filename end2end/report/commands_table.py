@@ -11,7 +11,8 @@ command the records to derive it from; its columns:
 ``record``     the command's own wall time: ``LOG#NAME``, the step ``NAME`` of a sitting's log
                (``<time> start NAME ...`` and ``<time> end NAME rc=RC SECONDS s ...`` lines),
                or ``DIR/.reproduce/STEP.json``, the record ``scripts/reproduce.sh`` writes
-               for a step it ran (:mod:`end2end.reproduce.runner`)
+               for a step it ran (:mod:`end2end.reproduce.runner`); a pattern
+               ``DIR/.reproduce/*.json``: every step of the plan, their seconds summed
 ``measured``   typed cells: what no record holds (e.g. the set-up's wall time, a re-run's
 ``finished``   wall time); a typed cell is used as it is and marked ``†`` in the table, an empty
 ``machine``    one is derived
@@ -109,6 +110,13 @@ def read_record(root: Path, spec: str) -> Tuple[str, float, int]:
     Raises:
         ReportError: no ``#``, a missing log, or no ``end NAME`` line in it.
     """
+    if spec.endswith(".json") and "*" in spec:  # every step of a plan: their sum
+        found = [_reproduce_record(path) for path in sorted(root.glob(spec))]
+        if not found:
+            raise ReportError(f"record {spec!r}: no step record matches",
+                              hint="e.g. docs/results/reproduce-full/.reproduce/*.json")
+        return (max(end for end, _, _ in found), sum(sec for _, sec, _ in found),
+                max(rc for _, _, rc in found))
     if spec.endswith(".json") and "#" not in spec:
         return _reproduce_record(root / spec)
     log, _, name = spec.partition("#")

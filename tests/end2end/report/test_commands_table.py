@@ -68,6 +68,23 @@ def test_a_reproduce_step_record_gives_the_wall_time(tmp_path):
         commands_markdown(tmp_path, src)
 
 
+def test_a_pattern_of_step_records_sums_the_plan(tmp_path):
+    _results(tmp_path)
+    state = tmp_path / "docs" / "results" / "full" / ".reproduce"
+    state.mkdir(parents=True)
+    for name, seconds, end in (("a", 600.0, "10:05"), ("b", 154.0, "10:09")):
+        (state / f"{name}.json").write_text(
+            f'{{"name": "{name}", "status": "ok", "seconds": {seconds}, '
+            f'"finished": "2026-12-01 {end} UTC", "commands": []}}')
+    src = _source(tmp_path, "`full`\tthe plan\tdocs/results/r.tsv\t"
+                            "docs/results/full/.reproduce/*.json\t\t\t\t")
+    assert "| 12 min 34 s | 2026-12-01 10:09 |" in commands_markdown(tmp_path, src)
+    src = _source(tmp_path, "`full`\tthe plan\tdocs/results/r.tsv\t"
+                            "docs/results/none/.reproduce/*.json\t\t\t\t")
+    with pytest.raises(ReportError, match="no step record matches"):
+        commands_markdown(tmp_path, src)
+
+
 def test_the_machine_cell_counts_the_rows_measured_while_busy(tmp_path):
     _results(tmp_path, machine=("quiet (others 1%)", "busy (others 60%)"))
     src = _source(tmp_path, "`run r`\tthe sweep\tdocs/results/r.tsv\t\t\t\t\t")
