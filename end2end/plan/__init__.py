@@ -10,7 +10,9 @@ accepts; ``rules.py`` pruning before simulation (divisibility, memory lower boun
 on disk;
 ``search.py`` :func:`plan`, the search within a budget; ``report.py`` the table, the best
 config and launch command, ``--explain`` and ``--json``; ``check.py`` the extrapolation against
-full-depth simulations (``--check``); ``__main__.py`` the command line.
+full-depth simulations (``--check``); ``__main__.py`` the command line;
+``layouts.py`` the table of layouts published runs chose and ``published.py`` the planner
+against them (``python -m end2end.plan.published``).
 
 ``plan(model, cluster, seq, ...)`` returns a :class:`PlanResult` whose ``ranked`` candidates
 other tools read (a validation against published layouts, a measured study).
