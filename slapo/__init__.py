@@ -38,6 +38,7 @@ from .errors import (
 from .history import Deferred, History, HistoryEntry
 from .primitives.registry import Primitive, list_primitives, register_primitive
 from .runtime.activation_checkpoint import checkpoint
+from .runtime.checkpoint_policy import SavePolicy
 from .runtime.cpu_allocator import keep_freed_memory
 from .runtime.distributed import teardown
 from .runtime.lifecycle import install_exit_hook as _install_exit_hook
@@ -63,7 +64,8 @@ __all__ = [
     "check_schedule", "Problem",
     "Primitive", "register_primitive", "list_primitives",
     "History", "HistoryEntry", "Deferred", "Subgraph", "call_module", "compute_dtype",
-    "checkpoint", "init_empty_weights", "materialize", "save_checkpoint", "load_checkpoint",
+    "checkpoint", "SavePolicy", "init_empty_weights", "materialize", "save_checkpoint",
+    "load_checkpoint",
     "load_pretrained", "export_pretrained", "save_training_state", "load_training_state",
     "TrainingState",
     "set_random_seed", "get_rng_tracker", "is_random_seed_set", "teardown",

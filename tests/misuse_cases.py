@@ -67,6 +67,10 @@ def _checkpoint_kv_cache():
     model(**example_inputs("gpt2"))
 
 
+def _checkpoint_unknown_policy():
+    _mlp()["fc1"].checkpoint(policy="save_matmul")
+
+
 def _annotate_unknown():
     _mlp()["fc1"].annotate("weigth", "tag", 1)
 
@@ -238,6 +242,7 @@ CASES = [
     ("replace_all", "make_fn returns a non-module", _replace_all_non_module),
     ("checkpoint", "checkpointing a module twice", _checkpoint_twice),
     ("checkpoint", "checkpointed layer called with a KV cache", _checkpoint_kv_cache),
+    ("checkpoint", "unknown selective checkpoint policy", _checkpoint_unknown_policy),
     ("annotate", "unknown parameter", _annotate_unknown),
     ("annotate", "key that would overwrite a tensor attribute", _annotate_reserved),
     ("shard", "unknown parameter", _shard_unknown),

@@ -47,6 +47,8 @@ def build_runner(spec, layout, torch_dtype, device, builders: Optional[Any] = No
     schedule = None
     if spec.is_slapo:
         knobs: Dict[str, Any] = dict(parse_knobs(spec.knobs), ckpt_ratio=spec.ckpt_ratio or 0.0)
+        if spec.ckpt_policy:  # CKPT op: every layer, checkpointed selectively
+            knobs["ckpt_policy"] = spec.ckpt_policy
         if layout.pp > 1:  # even stages, traced with one micro-batch of the run's shapes
             example = make_inputs(model_spec, layout.micro_batch_size, spec.seq_len,
                                   spec.dec_seq_len, device=device, dtype=torch_dtype)

@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                    for m in MODE_TABLE.values()))
     add_workload_arguments(p)
     p.add_argument("--ckpt", default="0", help="activation checkpointing as in a config line's "
-                   "CKPT: a ratio in [0, 1] for Slapo modes, 0/full/selective for megatron, "
+                   "CKPT: a ratio in [0, 1] or op (selective, every layer) for Slapo modes, "
+                   "0/full/selective for megatron, "
                    "0/1 for deepspeed/eager")
     p.add_argument("--results", required=True, help="results TSV to append the row to")
     p.add_argument("--steps", type=number(int, minimum=1), default=None,

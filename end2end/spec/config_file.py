@@ -15,9 +15,11 @@ One benchmark case per line (whitespace separated, shell-style quotes)::
   available devices/ranks, passed as ``max_devices``). On CPU "GPUs" are gloo ranks.
 * SEQ_LEN (encoder length; WideResNet ignores it, write 1), DEC_SEQ_LEN (T5 only, else 0).
 * BATCH_SIZE: global batch, an expression in ``n`` (see :mod:`end2end.spec.expr`; never ``eval``).
-* CKPT: Slapo modes: a ratio in [0, 1] (``full`` = 1); ``megatron``: ``0``/``full``/
-  ``selective``; ``deepspeed``/``eager``/``fsdp``/``dtensor-tp``: ``0``/``1`` (``full`` = 1,
-  HF gradient checkpointing).
+* CKPT: Slapo modes: a ratio in [0, 1] (``full`` = 1), or ``op``: every layer checkpointed
+  selectively (torchtitan's selective "op" checkpointing: the outputs of every second matmul and
+  of the attention kernels kept, the rest recomputed; :data:`SELECTIVE_CKPT`);
+  ``megatron``: ``0``/``full``/``selective``; ``deepspeed``/``eager``/``fsdp``/``dtensor-tp``:
+  ``0``/``1`` (``full`` = 1, HF gradient checkpointing).
   Quirk fixed: the artifact's ``megatron ... 1`` line passed ``--recompute-granularity 1`` to
   Megatron (an invalid choice, the run failed); here ``1`` means ``full`` with a warning, or an
   error with ``strict=True``.
@@ -50,8 +52,8 @@ from end2end.models import get_model_spec
 from end2end.models.shaped import valid_keys
 from end2end.spec.modes import RETIRED_MODES, get_mode
 from end2end.spec.runspec import DTYPES as _DTYPE_NAMES
-from end2end.spec.runspec import (MODES, SLAPO_MODES, ConfigLine, RunSpec, default_parallel_sizes,
-                      format_ratio, run_key)
+from end2end.spec.runspec import (MODES, SELECTIVE_CKPT, SLAPO_MODES, ConfigLine, RunSpec,
+                                  default_parallel_sizes, format_ratio, run_key)
 
 __all__ = [
     "MODES", "SLAPO_MODES", "ConfigLineError", "ConfigWarning", "ConfigLine", "RunSpec",
@@ -101,14 +103,17 @@ def _parse_ckpt(mode: str, text: str, source: str, strict: bool) -> str:
             return "1"
         raise ConfigLineError(source, f"CKPT {text!r} is not valid for mode '{mode}'",
                               hint="the baseline only has HF gradient checkpointing on (1) or "
-                                   "off (0); partial ratios need a Slapo mode")
+                                   "off (0); partial ratios and op need a Slapo mode")
     if t == "full":
         return "1"
+    if t in SELECTIVE_CKPT:
+        return t
     try:
         ratio = float(t)
     except ValueError:
         raise ConfigLineError(source, f"CKPT {text!r} is not valid for mode '{mode}'",
-                              hint="give a checkpoint ratio between 0 and 1, e.g. 0.5") from None
+                              hint="give a checkpoint ratio between 0 and 1, e.g. 0.5, or "
+                                   "op (selective checkpointing of every layer)") from None
     if not 0.0 <= ratio <= 1.0:
         raise ConfigLineError(source, f"CKPT ratio {text!r} is outside [0, 1]",
                               hint="0 = no checkpointing, 1 = every layer")
@@ -211,9 +216,13 @@ def _parse_line(tokens: List[str], source: str, strict: bool,
     except SlapoError as exc:
         raise ConfigLineError(source, exc.what.removeprefix(f"{source}: "),
                               hint=exc.hint) from None
-    line = ConfigLine(mode, model, _parse_gpus(gpus, source), seq_len, dec_len, batch,
-                      _parse_ckpt(mode, ckpt, source, strict), source,
-                      tuple(sorted(options.items())))
+    ckpt = _parse_ckpt(mode, ckpt, source, strict)
+    if ckpt in SELECTIVE_CKPT and spec.is_vision:
+        raise ConfigLineError(source, f"CKPT {ckpt!r} is not available for {model}",
+                              hint="a convolutional network has no matmuls or attention to keep: "
+                                   "give a ratio")
+    line = ConfigLine(mode, model, _parse_gpus(gpus, source), seq_len, dec_len, batch, ckpt,
+                      source, tuple(sorted(options.items())))
     if line.gpus != "pow2":  # evaluate now: errors surface at parse time
         _batch_sizes(line, line.gpus)
     return line

@@ -20,6 +20,7 @@ __all__ = ["DRIVER_KNOBS", "parse_knobs", "format_knobs", "check_run_knobs"]
 
 # Knobs the driver sets from the run itself: giving them as --knob would contradict the line.
 DRIVER_KNOBS = {"group": "the driver's TP group", "ckpt_ratio": "the CKPT field / --ckpt",
+                "ckpt_policy": "the CKPT field / --ckpt (op)",
                 "dtype": "--dtype", "pipeline_cuts": "--pp", "example_inputs": "--pp"}
 
 

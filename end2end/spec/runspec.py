@@ -16,10 +16,16 @@ from typing import Any, List, Optional, Tuple, Union
 from end2end.spec.modes import MODES, SLAPO_MODES, Mode, get_mode
 
 __all__ = ["MODES", "SLAPO_MODES", "ConfigLine", "RunSpec", "format_ratio", "run_key",
-           "default_parallel_sizes", "DTYPES"]
+           "default_parallel_sizes", "DTYPES", "SELECTIVE_CKPT"]
 
 #: The run dtypes of configs and the command line, and their torch names (the one table).
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+#: CKPT words of the ratio modes that checkpoint every layer selectively, and the Slapo
+#: checkpoint policy each stands for (``slapo.runtime.checkpoint_policy.POLICIES``): ``op`` is
+#: torchtitan's selective "op" activation checkpointing (every second matmul's output and the
+#: attention kernels' outputs kept, everything else recomputed).
+SELECTIVE_CKPT = {"op": "save_every_other_matmul"}
 
 
 def format_ratio(ratio: float) -> str:
@@ -119,10 +125,17 @@ class RunSpec:
 
     @property
     def ckpt_ratio(self) -> Optional[float]:
-        """Fraction of layers to checkpoint (``full`` = 1.0); None for Megatron ``selective``."""
+        """Fraction of layers to checkpoint (``full`` and ``op`` = 1.0); None for Megatron
+        ``selective``."""
         if self.ckpt == "selective":
             return None
-        return 1.0 if self.ckpt == "full" else float(self.ckpt)
+        return 1.0 if self.ckpt == "full" or self.ckpt in SELECTIVE_CKPT else float(self.ckpt)
+
+    @property
+    def ckpt_policy(self) -> str:
+        """The Slapo checkpoint policy of a selective CKPT (``op``: :data:`SELECTIVE_CKPT`);
+        ``""`` (whole layers) otherwise."""
+        return SELECTIVE_CKPT.get(self.ckpt, "")
 
     @property
     def recompute_granularity(self) -> Optional[str]:

@@ -39,5 +39,6 @@ def schedule_albert(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
         C.shard_embedding(sch, [C.join(p, "embeddings.word_embeddings")])
         if "predictions.decoder" in sch:
             C.shard_lm_head(sch, "predictions.decoder", mode, cfg, loss="masked")
-    checkpoint_shared_layers(sch, encoder, sch.mod.config.num_hidden_layers, cfg.ckpt_ratio)
+    checkpoint_shared_layers(sch, encoder, sch.mod.config.num_hidden_layers, cfg.ckpt_ratio,
+                             cfg.ckpt_policy)
     C.cut_pipeline(sch, cfg, [], "albert", example_inputs)

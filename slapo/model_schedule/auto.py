@@ -185,5 +185,5 @@ def schedule_auto(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
         final_norm=final_norm, loss="masked_function" if loss == "masked" else loss)
     sch.metadata["auto_loss"] = loss if mode.tp and head is not None else "model"
     P.report_unsharded(sch, ctx.handled)
-    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
+    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio, cfg.ckpt_policy)
     C.cut_pipeline_at(sch, cuts, example_inputs)

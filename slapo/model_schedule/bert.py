@@ -44,7 +44,7 @@ def schedule_bert_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fa
         head = "cls.predictions.decoder" if "cls.predictions.decoder" in sch else "lm_head.decoder"
         if head in sch:
             C.shard_lm_head(sch, head, mode, cfg, loss="causal" if causal else "masked")
-    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
+    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio, cfg.ckpt_policy)
     C.cut_pipeline(sch, cfg, [layers], family, example_inputs)
 
 

@@ -3,7 +3,8 @@ the recipes (counted once, like ``common.py``).
 
 * :func:`checkpoint_shared_layers`: a layer group called several times per forward (ALBERT's one
   shared layer): exactly the calls ``checkpoint_layer_ids(L, ratio)`` are recomputed
-  (:class:`CheckpointCalls`, the count restarted per forward by :class:`ResetCalls`).
+  (:class:`CheckpointCalls`, the count restarted per forward by :class:`ResetCalls`), with the
+  selective ``ckpt_policy`` when one is given.
 * :class:`BufferSafeCheckpoint`: RNG-exact checkpointing of a block with buffers (BatchNorm
   running statistics), restored after the recomputation so they are updated once per forward.
 """
@@ -18,6 +19,7 @@ from torch import nn
 from ..runtime.activation_checkpoint import checkpoint as rng_exact_checkpoint
 from ..runtime.forward_wrap import install_forward_wrapper
 from ..primitives.checkpoint import CheckpointForward
+from ..runtime.checkpoint_policy import resolve_policy
 from ..schedule import Schedule
 from . import common as C
 from .config import checkpoint_layer_ids
@@ -29,9 +31,9 @@ class CheckpointCalls:
     """Forward wrapper: checkpoint only the ``calls``-th calls (0-based) of a module that one
     model forward calls several times; :class:`ResetCalls` restarts the count per forward."""
 
-    def __init__(self, calls: FrozenSet[int], path: str):
+    def __init__(self, calls: FrozenSet[int], path: str, policy: Any = ""):
         self.calls, self.count = frozenset(calls), 0
-        self.checkpoint = CheckpointForward(path)
+        self.checkpoint = CheckpointForward(path, resolve_policy(policy) if policy else None)
 
     def __call__(self, inner: Any, *args: Any, **kwargs: Any) -> Any:
         index, self.count = self.count, self.count + 1
@@ -51,9 +53,10 @@ class ResetCalls:
             w.count = 0
 
 
-def checkpoint_shared_layers(sch: Schedule, encoder: str, num_layers: int, ratio: float) -> None:
+def checkpoint_shared_layers(sch: Schedule, encoder: str, num_layers: int, ratio: float,
+                             policy: Any = "") -> None:
     """Checkpoint the calls ``checkpoint_layer_ids(num_layers, ratio)`` of the layer groups (HF
-    calls group ``int(i / (L / G))`` for layer ``i``)."""
+    calls group ``int(i / (L / G))`` for layer ``i``), selectively with ``policy`` if given."""
     groups = C.layer_paths(sch, C.join(encoder, "albert_layer_groups"))
     ids = checkpoint_layer_ids(num_layers, ratio)
     per_group = num_layers // len(groups)
@@ -61,9 +64,9 @@ def checkpoint_shared_layers(sch: Schedule, encoder: str, num_layers: int, ratio
     for g, path in enumerate(groups):
         calls = frozenset(i - g * per_group for i in ids if i // per_group == g)
         if len(calls) == per_group:
-            sch[path].checkpoint()
+            sch[path].checkpoint(**({"policy": policy} if policy else {}))
         elif calls:
-            wrappers.append(CheckpointCalls(calls, path))
+            wrappers.append(CheckpointCalls(calls, path, policy))
             install_forward_wrapper(sch[path].mod, "checkpoint", wrappers[-1])
             sch[path].metadata["checkpoint"] = sorted(calls)
     if wrappers:

@@ -326,9 +326,12 @@ def schedule_layers(sch: Schedule, cfg: ScheduleConfig, mode: TPMode, layers: Se
         shard_mlp(sch, column, row, mode, grad_entry=entry)
 
 
-def checkpoint_layers(sch: Schedule, paths: Sequence[str], ratio: float) -> List[int]:
-    """Checkpoint exactly the layers ``checkpoint_layer_ids(len(paths), ratio)``; returns them."""
+def checkpoint_layers(sch: Schedule, paths: Sequence[str], ratio: float,
+                      policy: Any = "") -> List[int]:
+    """Checkpoint exactly the layers ``checkpoint_layer_ids(len(paths), ratio)`` (with the
+    selective ``policy`` when given: ``ScheduleConfig.ckpt_policy``); returns them."""
     ids = checkpoint_layer_ids(len(paths), ratio)
+    selective = {"policy": policy} if policy else {}
     for i in ids:
-        sch[paths[i]].checkpoint()
+        sch[paths[i]].checkpoint(**selective)
     return ids

@@ -32,6 +32,11 @@ class ScheduleConfig:
             T5's and LLaMA's RMSNorms as one autograd function).
         ckpt_ratio: fraction of layers to checkpoint: exactly round(L * ratio) layers, evenly
             spaced (see ``checkpoint_layer_ids``).
+        ckpt_policy: "" recomputes each checkpointed layer whole; a selective policy (a preset's
+            name, ``"save_matmuls"`` or ``"save_every_other_matmul"``, or a ``slapo.SavePolicy``)
+            keeps its matmul and attention outputs and recomputes the rest
+            (``checkpoint(policy=...)``; the end2end CKPT ``op`` is ratio 1 with
+            ``"save_every_other_matmul"``).
         sequence_parallel: shard activations along the sequence axis between TP regions
             (GPT/LLaMA families).
         shard_embedding: under TP, shard the word embedding and the LM head over the vocabulary
@@ -53,6 +58,7 @@ class ScheduleConfig:
     attn_kernel: str = "auto"
     fuse: bool = True
     ckpt_ratio: float = 0.0
+    ckpt_policy: Any = ""
     sequence_parallel: bool = False
     shard_embedding: bool = True
     vocab_parallel_loss: bool = True
@@ -73,11 +79,23 @@ class ScheduleConfig:
             raise ConfigError(f"ckpt_ratio must be a number in [0, 1], got {self.ckpt_ratio!r}",
                               call="apply_schedule", hint="e.g. ckpt_ratio=0.5 checkpoints "
                               "half of the layers")
+        self._check_ckpt_policy()
         for name in _BOOL_KNOBS:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False, got {getattr(self, name)!r}",
                                   call="apply_schedule", hint=f"e.g. {name}=False")
         object.__setattr__(self, "pipeline_cuts", tuple(self.pipeline_cuts))
+
+    def _check_ckpt_policy(self) -> None:
+        from ..runtime.checkpoint_policy import POLICIES, SavePolicy
+
+        policy = self.ckpt_policy
+        if isinstance(policy, SavePolicy) or (isinstance(policy, str) and
+                                              (policy == "" or policy in POLICIES)):
+            return
+        raise ConfigError(f"ckpt_policy {policy!r} is unknown", call="apply_schedule",
+                          hint=f"use {', '.join(repr(n) for n in POLICIES)}, a slapo.SavePolicy "
+                          "or '' (whole layers)")
 
     @property
     def torch_dtype(self) -> torch.dtype:

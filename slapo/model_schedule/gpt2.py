@@ -38,7 +38,7 @@ def schedule_gpt_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fam
     C.vocab_and_sequence_parallel(sch, cfg, mode, embedding=C.join(p, "wte"),
                                   lm_head="lm_head" if "lm_head" in sch else None,
                                   layers=layers, norms=plan.norms, final_norm=C.join(p, "ln_f"))
-    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
+    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio, cfg.ckpt_policy)
     C.cut_pipeline(sch, cfg, [layers], family, example_inputs)
 
 

@@ -39,5 +39,5 @@ def schedule_llama(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
     C.vocab_and_sequence_parallel(sch, cfg, mode, embedding=C.join(p, "embed_tokens"),
                                   lm_head="lm_head" if "lm_head" in sch else None,
                                   layers=layers, norms=PLAN.norms, final_norm=C.join(p, "norm"))
-    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
+    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio, cfg.ckpt_policy)
     C.cut_pipeline(sch, cfg, [layers], "llama", example_inputs)

@@ -31,5 +31,5 @@ def schedule_opt(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
         C.shard_embedding(sch, [C.join(p, "embed_tokens")])
         if "lm_head" in sch:
             C.shard_lm_head(sch, "lm_head", mode, cfg, loss="causal")
-    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio)
+    C.checkpoint_layers(sch, layers, cfg.ckpt_ratio, cfg.ckpt_policy)
     C.cut_pipeline(sch, cfg, [layers], "opt", example_inputs)

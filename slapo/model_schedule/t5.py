@@ -62,5 +62,5 @@ def schedule_t5(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
         if "lm_head" in sch:
             C.shard_lm_head(sch, "lm_head", mode, cfg, loss="seq2seq")
     for blocks in stacks:
-        C.checkpoint_layers(sch, blocks, cfg.ckpt_ratio)
+        C.checkpoint_layers(sch, blocks, cfg.ckpt_ratio, cfg.ckpt_policy)
     C.cut_pipeline(sch, cfg, [s for s in stacks if s], "t5", example_inputs)

@@ -6,7 +6,8 @@ No attention to replace. TP per block ``layerK.i`` (Megatron-style over channels
 channels (row, output all-reduced), ``conv3`` output channels, all-gathered on the channel axis
 before ``bn3`` (column, input gradient all-reduced); stem, downsample and ``fc`` stay replicated.
 Checkpointing: ``checkpoint_layer_ids(n_K, ckpt_ratio)`` blocks of each stage, recomputed with
-the BatchNorm running statistics restored (a plain checkpoint would update them twice).
+the BatchNorm running statistics restored (a plain checkpoint would update them twice); a
+selective ``ckpt_policy`` is refused (no matmuls or attention to keep).
 
 ``fuse_conv_bn=True`` (inference; the model must be in eval mode, else ``ConfigError``): every
 conv + BatchNorm pair (stem, ``convK``/``bnK`` of each block, ``downsample.0``/``.1``) becomes one
@@ -92,6 +93,10 @@ def shard_bottleneck(sch: Schedule, block: str, fused: bool = False) -> None:
 def schedule_wideresnet(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                         example_inputs: Any = None, fuse_conv_bn: bool = False) -> None:
     """WideResNet; see the module docs."""
+    if cfg.ckpt_policy:
+        raise ConfigError(f"ckpt_policy {cfg.ckpt_policy!r} is not supported by the WideResNet "
+                          "schedule", call="apply_schedule", hint="a convolutional network has "
+                          "no matmuls or attention to keep: use ckpt_ratio alone")
     mode = C.tp_mode(sch, cfg, "wideresnet", sp_supported=False)
     p = C.backbone(sch, cfg, "layer1", ("model", ""), "wideresnet")
     if fuse_conv_bn:

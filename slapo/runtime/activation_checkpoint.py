@@ -6,18 +6,22 @@ The default CPU/CUDA generators are restored for the recomputation by torch itse
 the streams of slapo's RNG tracker (:mod:`slapo.runtime.rng`) are snapshotted at forward time and
 restored for the recomputation, so dropout inside ``fork_rng`` regions draws the same masks twice
 and the recomputed forward is bit-identical.
+
+:func:`checkpoint_with_policy` is the selective form: the outputs of the ops a
+:class:`~slapo.runtime.checkpoint_policy.SavePolicy` selects are kept, the rest recomputed (the
+same RNG restoration; the policy never keeps a random op).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch.utils.checkpoint as torch_checkpoint
 
 from .rng import get_rng_tracker
 
-__all__ = ["checkpoint"]
+__all__ = ["checkpoint", "checkpoint_with_policy"]
 
 
 class _TrackerRestoringFn:
@@ -43,7 +47,15 @@ class _TrackerRestoringFn:
 
 def checkpoint(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` with its activations recomputed in backward (RNG-exact)."""
+    return checkpoint_with_policy(None, fn, *args, **kwargs)
+
+
+def checkpoint_with_policy(policy: Optional[Any], fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """As :func:`checkpoint`, keeping the outputs of the ops ``policy`` (a
+    :class:`~slapo.runtime.checkpoint_policy.SavePolicy`) selects; None keeps none."""
     call = functools.partial(fn, **kwargs) if kwargs else fn
     if get_rng_tracker().states:
         call = _TrackerRestoringFn(call)
-    return torch_checkpoint.checkpoint(call, *args, use_reentrant=False, preserve_rng_state=True)
+    selective = {} if policy is None else {"context_fn": policy.context_fn}
+    return torch_checkpoint.checkpoint(call, *args, use_reentrant=False, preserve_rng_state=True,
+                                       **selective)
