@@ -204,7 +204,7 @@ def modes_markdown() -> str:
     lines = ["| Mode | Label | Runs on | Default layout | `--tp` | `--pp` | CKPT | Compared with |"
              " What it is |", "|---|---|---|---|---|---|---|---|---|"]
     tp_text = {"any": "any dividing n", "world": "n only", "none": "-"}
-    ckpt_text = {"ratio": "ratio in [0, 1]", "megatron": "0/full/selective", "hf": "0/1"}
+    ckpt_text = {"ratio": "ratio in [0, 1] or op", "megatron": "0/full/selective", "hf": "0/1"}
     for m in MODE_TABLE.values():
         layout = "TP = n" if m.tp_default else "DP = n"
         pp = f"yes ({m.pipeline_target})" if m.pipeline_enabled else "-"
