@@ -1,1 +1,1 @@
-python -m end2end.simulate.proof end2end/configs/cpu.cfg --measured docs/results/cpu_proof/measured.tsv --calibration docs/results/cpu_proof/cpu_profile.json --out docs/results/cpu_proof
+python -m end2end.simulate.proof end2end/configs/cpu.cfg --calibrate --out docs/results/cpu_proof
