@@ -116,14 +116,39 @@ def markdown(rows: List[Dict[str, object]]) -> str:
     return "\n".join(out)
 
 
+README = Path(__file__).resolve().parent / "README.md"
+
+
+def update_readme(text: str, new_table: str) -> str:
+    """``text`` (usability/README.md) with its line-count table replaced by ``new_table``.
+
+    Raises:
+        ValueError: the README holds no table starting with the header :func:`markdown` writes.
+    """
+    header = new_table.splitlines()[0]
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == header]
+    if len(starts) != 1:
+        raise ValueError(f"{README}: expected one table starting with '{header}', "
+                         f"found {len(starts)}; put one back and re-run with --readme")
+    end = starts[0]
+    while end < len(lines) and lines[end].startswith("|"):
+        end += 1
+    return "".join(lines[:starts[0]]) + new_table + "\n" + "".join(lines[end:])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", help="also write the rows as JSON here")
+    p.add_argument("--readme", action="store_true",
+                   help="also rewrite the table in usability/README.md in place")
     args = p.parse_args(argv)
     rows = table()
     print(markdown(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
+    if args.readme:
+        README.write_text(update_readme(README.read_text(), markdown(rows)))
     return 0
 
 

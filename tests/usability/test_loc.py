@@ -68,3 +68,16 @@ def test_readme_table_is_current():
 
     readme = (Path(__file__).resolve().parents[2] / "usability" / "README.md").read_text()
     assert markdown(table()) in readme
+
+
+def test_readme_update_replaces_only_the_table():
+    import pytest
+
+    from usability.loc import markdown, update_readme
+
+    new = markdown(table())
+    text = "intro\n\n" + new.splitlines()[0] + "\n|---|\n| x |\n\nafter\n"
+    out = update_readme(text, new)
+    assert out == "intro\n\n" + new + "\n\nafter\n"
+    with pytest.raises(ValueError, match="expected one table"):
+        update_readme("no table here\n", new)
