@@ -1,1 +1,1 @@
-python -m end2end.simulate.proof end2end/configs/cpu_shapes.cfg --measured docs/results/cpu_shapes_proof/measured.tsv --calibration docs/results/cpu_shapes_proof/cpu_profile.json --out docs/results/cpu_shapes_proof
+python -m end2end.simulate.proof end2end/configs/cpu_shapes.cfg --calibration docs/results/cpu_proof/cpu_profile.json --out docs/results/cpu_shapes_proof
