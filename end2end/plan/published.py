@@ -18,7 +18,9 @@ For each row of ``docs/results/plan/published_layouts.tsv`` (:mod:`end2end.plan.
 
 A row that fails (a layout the driver refuses, a simulation that fails, a model that fits
 nowhere) is written with its error, never dropped. The results file is rewritten after every
-row, so an interrupted run keeps what it finished. Both sides are predictions of the same
+row, so an interrupted run keeps what it finished, and it is merged by id: a run with ``--only``
+replaces its rows and keeps the others' (a long table runs in parts), each row with the commit,
+the time it finished and the search options it ran with. Both sides are predictions of the same
 simulator; the published throughput (``measured_samples_s``) is printed beside them for
 reference, not compared.
 """
@@ -27,12 +29,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import shlex
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from slapo.errors import ConfigError, SlapoError
 
@@ -45,7 +46,7 @@ from end2end.plan.search import DEFAULT_CACHE, PlanResult, SearchOptions, plan, 
 from end2end.plan.space import Candidate
 
 __all__ = ["RESULT_COLUMNS", "WITHIN", "REFUSED", "Comparison", "simulate_layout", "compare_row",
-           "why_different", "results_text", "build_parser", "main"]
+           "why_different", "results_text", "read_results", "build_parser", "main"]
 
 log = get_logger("end2end.plan.published")
 
@@ -58,7 +59,7 @@ DEFAULT_OUT = Path("docs/results/plan/published.tsv")
 RESULT_COLUMNS = ("id", "status", "published", "published_status", "published_samples_s",
                   "planner_best", "planner_samples_s", "ratio", "within_10pct",
                   "published_in_space", "why", "measured_samples_s", "candidates_simulated",
-                  "plan_seconds", "error")
+                  "plan_seconds", "error", "commit", "finished", "options")
 
 
 @dataclass
@@ -80,6 +81,9 @@ class Comparison:
     candidates_simulated: int = 0
     plan_seconds: float = 0.0
     error: str = ""
+    commit: str = ""
+    finished: str = ""
+    options: str = ""
 
     def cells(self) -> List[str]:
         def text(v) -> str:
@@ -201,22 +205,43 @@ def compare_row(row: PublishedLayout, options: SearchOptions) -> Comparison:
     return out
 
 
-def results_text(comparisons: List[Comparison], header: List[str]) -> str:
-    """The results file: ``#`` header lines, the column names, one row per comparison."""
+def results_text(rows: List[List[str]], header: List[str]) -> str:
+    """The results file: ``#`` header lines, the column names, one row of cells per line."""
     lines = [f"# {h}" for h in header] + ["\t".join(RESULT_COLUMNS)]
-    lines += ["\t".join(c.cells()) for c in comparisons]
+    lines += ["\t".join(cells) for cells in rows]
     return "\n".join(lines) + "\n"
 
 
-def _header(argv: Sequence[str], table: Path) -> List[str]:
-    from end2end.results.environment import git_commit
+def read_results(path: Path) -> Dict[str, List[str]]:
+    """The rows of an earlier results file by id (empty when there is none).
 
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    Raises:
+        ConfigError: a file whose columns are not :data:`RESULT_COLUMNS` (an older format).
+    """
+    if not path.is_file():
+        return {}
+    lines = [ln for ln in path.read_text().splitlines() if ln and not ln.startswith("#")]
+    if not lines:
+        return {}
+    if lines[0].split("\t") != list(RESULT_COLUMNS):
+        raise ConfigError(f"{path}: its columns are not this version's ({', '.join(RESULT_COLUMNS)})",
+                          call="end2end.plan.published",
+                          hint="move it away, or run every row again (without --only)")
+    return {cells[0]: cells for cells in (ln.split("\t") for ln in lines[1:])}
+
+
+def _header(table: Path) -> List[str]:
     return ["the planner against published layouts (issue 40, item 3; docs/planning.md)",
-            "python -m end2end.plan.published " + shlex.join(list(argv)),
-            f"table {table}; started {now}; commit {git_commit()}",
+            f"python -m end2end.plan.published --table {table} [--only ID ...]: rows merged by "
+            "id; each row's commit, finish time (UTC) and search options are its own",
             f"within_10pct: planner_samples_s >= {WITHIN} x published_samples_s (both "
             "predicted); measured_samples_s: the published throughput, for reference"]
+
+
+def _options_text(args: argparse.Namespace) -> str:
+    return (f"budget={args.budget:g}min jobs={args.jobs} max_candidates="
+            f"{args.max_candidates or '-'} reduce_above={args.reduce_above} "
+            f"timeout={args.timeout:g}s")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -251,20 +276,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Compare the selected rows, writing the results after each (:func:`build_parser`)."""
+def run(args: argparse.Namespace) -> int:
+    """Compare the selected rows, writing the results after each, merged by id with the rows of
+    ``--out`` not selected (:func:`build_parser`)."""
+    from end2end.results.environment import git_commit
+
     rows = read_layouts(Path(args.table))
     known = [r.id for r in rows]
     unknown = [i for i in args.only if i not in known]
     if unknown:
         raise ConfigError(f"--only {', '.join(unknown)}: not a row of {args.table}",
                           call="end2end.plan.published", hint="use one of " + ", ".join(known))
+    order = [r.id for r in rows]
     rows = [r for r in rows if not args.only or r.id in args.only]
     options = SearchOptions(args.budget * 60, args.jobs, args.max_candidates,
                             Path(args.cache) if args.cache else None, args.timeout,
                             progress=lambda text: log.info("  plan " + text),
                             reduce_above=args.reduce_above)
-    out, header, done = Path(args.out), _header(argv, Path(args.table)), []
+    out, header = Path(args.out), _header(Path(args.table))
+    kept = read_results(out) if args.only else {}
+    commit, settings = git_commit(), _options_text(args)
     out.parent.mkdir(parents=True, exist_ok=True)
     for i, row in enumerate(rows, start=1):
         log.info(f"[{i}/{len(rows)}] {row.id}: {row.model} on {row.cluster}, seq {row.seq}, "
@@ -277,15 +308,17 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 raise
             c = Comparison(row.id, status="error", error=f"{type(exc).__name__}: "
                            f"{one_line(exc)}")
-        done.append(c)
-        out.write_text(results_text(done, header))
+        c.commit, c.options = commit, settings
+        c.finished = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+        kept[row.id] = c.cells()
+        out.write_text(results_text([kept[i] for i in order if i in kept], header))
         ratio = f"{c.ratio:.3f}" if c.ratio is not None else "-"
         log.info(f"[{i}/{len(rows)}] {row.id}: {c.status}; published {c.published} "
                  f"{c.published_status} {c.published_samples_s or 0:.4g} samples/s; planner "
                  f"{c.planner_best or '-'} {c.planner_samples_s or 0:.4g} samples/s; ratio "
                  f"{ratio}, within 10 %: {c.within_10pct} ({time.perf_counter() - began:.0f} s)"
                  + (f"; error: {c.error}" if c.error else ""))
-    log.info(f"wrote {out} ({len(done)} rows)")
+    log.info(f"wrote {out} ({len(rows)} rows run, {len(kept)} in the file)")
     return 0
 
 
@@ -293,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    return report_errors("end2end.plan.published", lambda: run(args, argv), args.debug)
+    return report_errors("end2end.plan.published", lambda: run(args), args.debug)
 
 
 if __name__ == "__main__":

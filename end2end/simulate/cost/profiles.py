@@ -122,6 +122,10 @@ _SDPA = "PyTorch aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (can_use_f
 _FA2 = "Dao 2023, FlashAttention-2 (arXiv 2307.08691), abstract/introduction: FlashAttention-2 " \
     "reaches 50-73 % of the A100's peak, FlashAttention (the memory-efficient kind) 25-40 %; " \
     "midpoints taken"
+_FA2_H100 = "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), abstract: FlashAttention-2 " \
+    "(PyTorch's flash SDPA kernel) reaches only 35 % utilization on the H100; efficient: " \
+    "A100's efficient/flash ratio (0.33 / 0.6, " + _FA2 + ") applied to it, " \
+    "0.35 x 0.55 = 0.19, assumed (no published H100 measurement of it found)"
 _NCCL = "NVIDIA/nccl src/graph/tuning.cc of a NCCL 2.x release (latencies of its Ring/Simple " \
     "protocol: baseLat 8.4 us per call, hwLat 5.7 us per step on NVLink, 6.6 us on the network)"
 _ASSUMED = "assumed (no published measurement found); judged by the validation set, never fitted"
@@ -146,8 +150,7 @@ SOURCES: Dict[str, Dict[str, str]] = {
     "h100-80gb": dict(
         device=_H100 + "; NVIDIA DGX H100 datasheet: 8 GPUs on NVSwitch, 8 x 400 Gb/s "
         "(ConnectX-7) for the compute network", gemm_efficiency=_MAMF
-        + ": H100 SXM 794.5 of 989 TFLOP/s = 80.3 %", attention_efficiency=_FA2
-        + " (A100 figures; " + _ASSUMED + " for H100)"),
+        + ": H100 SXM 794.5 of 989 TFLOP/s = 80.3 %", attention_efficiency=_FA2_H100),
     "h100-96gb": dict(
         device=_H100 + " for compute, SMs and NVLink; " + _TITAN,
         gemm_efficiency="as h100-80gb", attention_efficiency="as h100-80gb",
@@ -166,6 +169,9 @@ for _name in SOURCES:
     SOURCES[_name].setdefault("attention kernel choice", _SDPA)
 
 _HALF = ("float16", "bfloat16")
+#: (flash, efficient) attention efficiency on sm90: FlashAttention-2 at 35 % of the H100's peak
+#: (:data:`SOURCES`), the efficient kernel at A100's ratio to it
+HOPPER_ATTENTION = (0.35, 0.19)
 
 
 def _gpu(name, description, memory_gib, peak, bandwidth, sms, cc, gemm,
@@ -194,11 +200,12 @@ PROFILES: Dict[str, DeviceProfile] = {p.name: p for p in (
     _gpu("a100-80gb", "DGX A100: 8 x A100-SXM4 80 GB, NVSwitch, 8 x 200 Gb/s IB", 80,
          (19.5e12, 312e12), (2039e9, 300e9, 200e9), 108, (8, 0), 0.869),
     _gpu("h100-80gb", "DGX H100: 8 x H100-SXM5 80 GB, NVSwitch, 8 x 400 Gb/s", 80,
-         (67e12, 989e12), (3350e9, 450e9, 400e9), 132, (9, 0), 0.803),
+         (67e12, 989e12), (3350e9, 450e9, 400e9), 132, (9, 0), 0.803, HOPPER_ATTENTION),
     _gpu("h100-96gb", "Grand Teton: 8 x H100 96 GB HBM2e (2.4 TB/s, 500 W), NVLink, "
-         "8 x 400 Gb/s RDMA", 96, (67e12, 989e12), (2400e9, 450e9, 400e9), 132, (9, 0), 0.803),
+         "8 x 400 Gb/s RDMA", 96, (67e12, 989e12), (2400e9, 450e9, 400e9), 132, (9, 0), 0.803,
+         HOPPER_ATTENTION),
     _gpu("h200", "DGX H200: 8 x H200-SXM 141 GB, NVSwitch, 8 x 400 Gb/s", 143771 / 1024,
-         (67e12, 989e12), (4800e9, 450e9, 400e9), 132, (9, 0), 0.838),
+         (67e12, 989e12), (4800e9, 450e9, 400e9), 132, (9, 0), 0.838, HOPPER_ATTENTION),
 )}
 
 

@@ -129,8 +129,27 @@ def test_the_comparer_on_a_tiny_row_and_a_refused_one(tmp_path, capsys):
     assert "published:" in refused["error"] and "pipeline" in refused["error"]
     assert refused["within_10pct"] == "n/a" and refused["ratio"] == ""
     assert refused["planner_best"] and "driver refuses" in refused["why"]
+    assert tiny["commit"] and tiny["finished"] and "max_candidates=2" in tiny["options"]
+    # --only runs its rows again and keeps the others, in the table's order
+    refused_line = out.read_text().splitlines()[-1]
+    assert main(["--table", str(table), "--out", str(out), "--only", "tiny",
+                 "--max-candidates", "1", "--cache", str(tmp_path / "cache")]) == 0
+    again = _rows(out)
+    assert [r["id"] for r in again] == ["tiny", "refused"]
+    assert "max_candidates=1" in again[0]["options"] and int(again[0]["candidates_simulated"]) == 1
+    assert out.read_text().splitlines()[-1] == refused_line
     # --only names a row; an unknown one is one line on stderr
     capsys.readouterr()
     assert main(["--table", str(table), "--out", str(out), "--only", "nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--only nope: not a row of" in err and "tiny, refused" in err and "\n" not in err
+
+
+def test_merging_into_a_results_file_of_other_columns_is_one_line(tmp_path, capsys):
+    table, out = tmp_path / "layouts.tsv", tmp_path / "published.tsv"
+    table.write_text(_table({"mode": "slapo-megatron", "tp": "1", "dp": "2", "micro": "2"}))
+    out.write_text("id\tstatus\ntiny\tok\n")
+    assert main(["--table", str(table), "--out", str(out), "--only", "tiny"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "columns are not this version's" in err and "\n" not in err
+    assert out.read_text() == "id\tstatus\ntiny\tok\n"  # nothing ran, nothing changed
