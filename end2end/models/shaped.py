@@ -76,7 +76,10 @@ _HF_EXTRAS = ("rope_theta", "rope_scaling", "rope_parameters", "tie_word_embeddi
               # dropout probabilities: a mask per dropout is kept for backward (memory, time)
               "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
               "attention_probs_dropout_prob", "resid_dropout", "embed_dropout",
-              "attention_dropout", "dropout", "activation_dropout", "dropout_rate")
+              "attention_dropout", "dropout", "activation_dropout", "dropout_rate",
+              # the attention's implementation (HF's ``eager``: scores, softmax and dropout as
+              # separate kernels, as a published run's own model computed them)
+              "attn_implementation")
 
 
 class ModelShapeError(ConfigError):

@@ -186,3 +186,16 @@ def test_the_mpt_stand_ins_keep_mpts_settings_and_parameter_count(name, publishe
     assert (c.resid_pdrop, c.embd_pdrop, c.attn_pdrop, c.activation_function) == (
         0.0, 0.0, 0.0, "gelu")
     assert count_parameters(built) == published
+
+
+def test_the_nvidia_bert_stand_in_is_bert_large_with_its_own_attention():
+    """The validation set's NVIDIA BERT stand-in (docs/results/validation/models/): the zoo's
+    bert-large-uncased shape, with HF's eager attention (scores, softmax, dropout as separate
+    kernels, as NVIDIA's modeling.py computes them) passed on to the model; the zoo's own model
+    keeps SDPA."""
+    path = str(Path(__file__).resolve().parents[3] / "docs/results/validation/models" /
+               "bert-large-nvidia.json")
+    built, zoo = build_model(path, device="meta"), build_model("bert-large-uncased", device="meta")
+    assert built.config._attn_implementation == "eager"
+    assert zoo.config._attn_implementation != "eager"
+    assert count_parameters(built) == count_parameters(zoo)
