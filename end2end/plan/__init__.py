@@ -12,7 +12,10 @@ on disk;
 config and launch command, ``--explain`` and ``--json``; ``check.py`` the extrapolation against
 full-depth simulations (``--check``); ``__main__.py`` the command line;
 ``layouts.py`` the table of layouts published runs chose and ``published.py`` the planner
-against them (``python -m end2end.plan.published``).
+against them (``python -m end2end.plan.published``); ``limits.py`` what a study restricts the
+space to (CKPT values, TP, PP, accumulation), ``measured.py`` the planner's grid measured on
+this CPU, ``study_report.py`` its picks against the measurements and ``cpu_study.py`` the
+command (``python -m end2end.plan.cpu_study``).
 
 ``plan(model, cluster, seq, ...)`` returns a :class:`PlanResult` whose ``ranked`` candidates
 other tools read (a validation against published layouts, a measured study).

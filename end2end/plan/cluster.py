@@ -14,6 +14,7 @@ simulator's network model assumes the profile's nodes.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -62,6 +63,19 @@ class Cluster:
     host_op_s: float = 0.0
     """Host seconds per eager op (the profile's; a phase takes at least its ops x this)."""
     calibration: str = ""
+    budget_bytes: float = 0.0
+    """A per-rank memory budget below the device's memory (0: none): the driver's
+    ``--mem-budget-gb`` (a run whose measured peak per rank, ``PerGPUMem``, exceeds it is an
+    OOM), so a prediction whose ``PerGPUMem`` exceeds it is ``sim-oom`` (:meth:`with_budget`)."""
+
+    @property
+    def capacity_bytes(self) -> float:
+        """What a rank may hold: the device's memory, or the budget when one is set and lower."""
+        return min(self.memory_bytes, self.budget_bytes or self.memory_bytes)
+
+    def with_budget(self, gb: Optional[float]) -> "Cluster":
+        """This cluster with a per-rank memory budget of ``gb`` GB (``None``: unchanged)."""
+        return self if gb is None else dataclasses.replace(self, budget_bytes=gb * 1e9)
 
     @property
     def gpus(self) -> int:

@@ -179,6 +179,9 @@ def predict(cand: Candidate, runs: List[Tuple[int, Dict[str, Any]]], cluster: Cl
     fits = x["needed_gb"] * 1e9 <= cluster.memory_bytes
     status, error = ("sim", "") if fits else ("sim-oom", f"predicted {x['needed_gb']:.1f} GB "
                                               f"per rank > {cluster.memory_bytes / 1e9:.1f} GB")
+    if fits and cluster.budget_bytes and x["memory_gb"] * 1e9 > cluster.budget_bytes:
+        status, error = "sim-oom", (f"predicted {x['memory_gb']:.3g} GB per rank > budget "
+                                    f"{cluster.budget_bytes / 1e9:g} GB")
     if mfu > 1:  # faster than the device: the run is not what its layout says
         status, error = "fail", f"predicted MFU {mfu:.0%} is above 100 %: not trusted"
     return Prediction(status, error, thrpt, x["step_time"],

@@ -40,6 +40,7 @@ from slapo.errors import ConfigError
 from end2end.models import get_model_spec
 from end2end.plan.cluster import Cluster
 from end2end.plan.estimate import estimate_memory, estimate_seconds
+from end2end.plan.limits import NO_LIMITS, SpaceLimits
 from end2end.plan.predict import (REDUCE_ABOVE, Prediction, predict, reduced_models,
                                   simulate_cached)
 from end2end.plan.shapes import with_size
@@ -246,7 +247,9 @@ class SearchOptions:
     time, at most ``max_candidates`` simulated, ``cache`` (``None``: simulate everything),
     ``timeout`` seconds per simulation, the ``modes`` searched, ``progress`` called with a
     line per simulated candidate, ``reduce_above``: layers per stage above which a candidate
-    is simulated at reduced depth (:func:`end2end.plan.predict.reduced_models`)."""
+    is simulated at reduced depth (:func:`end2end.plan.predict.reduced_models`), ``limits``:
+    the CKPT values, TP, PP and accumulation steps searched where given
+    (:class:`end2end.plan.limits.SpaceLimits`)."""
 
     budget_s: float = 600.0
     jobs: int = 2
@@ -256,6 +259,7 @@ class SearchOptions:
     modes: Tuple[str, ...] = PLANNED_MODES
     progress: Callable[[str], None] = field(default=lambda text: None)
     reduce_above: int = REDUCE_ABOVE
+    limits: SpaceLimits = NO_LIMITS
 
 
 def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
@@ -266,7 +270,7 @@ def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
     folder = o.cache or DEFAULT_CACHE
     model, notes = resolve_model(model, seq, folder)
     batch, dtype = batch or default_batch(cluster), dtype or cluster.default_dtype()
-    space = enumerate_space(model, cluster, seq, batch, dtype, dec, o.modes)
+    space = enumerate_space(model, cluster, seq, batch, dtype, dec, o.modes, o.limits)
     if not space.candidates:
         reasons = "; ".join(f"{k}: {space.examples[k]}" for k in space.pruned)
         raise ConfigError(f"{model} fits no layout on {cluster.text} at seq {seq}, batch "
@@ -274,7 +278,7 @@ def plan(model: str, cluster: Cluster, seq: int, batch: Optional[int] = None,
                           hint="use more or larger devices, a smaller --global-batch or --seq")
     items = [Evaluated(c, estimate_seconds(c, cluster), estimate_memory(c, cluster) / 1e9)
              for c in space.candidates]
-    search = _Search(_queue(items, cluster.memory_bytes), cluster, o, folder)
+    search = _Search(_queue(items, cluster.capacity_bytes), cluster, o, folder)
     done = search.run()
     ranked = sorted(done, key=_rank_key)
     notes += [cluster.note] if cluster.note else []

@@ -30,6 +30,7 @@ from slapo.errors import SlapoError
 
 from end2end.models import ModelSpec, get_model_spec
 from end2end.plan.cluster import Cluster
+from end2end.plan.limits import NO_LIMITS, SpaceLimits
 from end2end.plan.rules import divisibility_problem, memory_lower_bound, mode_problem
 from end2end.spec.modes import get_mode
 
@@ -170,24 +171,27 @@ def _prune(space: Space, rule: str, reason: str, count: int = 1) -> None:
     space.examples.setdefault(rule, reason)
 
 
-def _add_layout(space: Space, spec: ModelSpec, cluster: Cluster, base: dict) -> None:
+def _add_layout(space: Space, spec: ModelSpec, cluster: Cluster, base: dict,
+                limits: SpaceLimits = NO_LIMITS) -> None:
     """The micro-batch and CKPT points of one (mode, TP, PP), memory-checked."""
     mode, tp, pp = base["mode"], base["tp"], base["pp"]
     dp = cluster.gpus // (tp * pp)
+    ckpts = limits.ckpts(mode, ckpt_choices(mode), spec.is_vision)
     if base["batch"] % dp:
         _prune(space, "batch", f"global batch {base['batch']} not divisible by dp {dp}",
-               len(ckpt_choices(mode)))
+               len(ckpts))
         return
     local = base["batch"] // dp
-    for micro in _micros(mode, pp, local):
-        for ckpt in ckpt_choices(mode):
+    batching = get_mode(mode).framework == "megatron" or pp > 1
+    for micro in limits.micros(_micros(mode, pp, local), local, batching):
+        for ckpt in ckpts:
             cand = Candidate(ckpt=ckpt, micro=micro, n=cluster.gpus, **base)
             need = memory_lower_bound(spec, mode, cand.dtype, tp, pp, dp, micro, cand.seq,
                                       ckpt_fraction(ckpt))
             need = need * (1 + cluster.allocator_overhead) + cluster.reserved_bytes
-            if need > cluster.memory_bytes:
+            if need > cluster.capacity_bytes:
                 _prune(space, "memory", f"{cand.label}: at least {need / 1e9:.1f} GB per rank "
-                       f"> {cluster.memory_bytes / 1e9:.1f} GB")
+                       f"> {cluster.capacity_bytes / 1e9:.1f} GB")
                 continue
             try:
                 cand.run_spec()
@@ -198,8 +202,11 @@ def _add_layout(space: Space, spec: ModelSpec, cluster: Cluster, base: dict) -> 
 
 
 def enumerate_space(model: str, cluster: Cluster, seq: int, batch: int, dtype: str,
-                    dec: int = 0, modes: Tuple[str, ...] = PLANNED_MODES) -> Space:
-    """Every candidate of ``model`` on ``cluster`` (module docstring) and the pruned counts."""
+                    dec: int = 0, modes: Tuple[str, ...] = PLANNED_MODES,
+                    limits: SpaceLimits = NO_LIMITS) -> Space:
+    """Every candidate of ``model`` on ``cluster`` (module docstring) and the pruned counts;
+    ``limits``: the CKPT values, TP, PP and accumulation steps searched, where given
+    (:mod:`end2end.plan.limits`)."""
     spec = get_model_spec(model)
     space = Space([])
     for mode in modes:
@@ -208,6 +215,8 @@ def enumerate_space(model: str, cluster: Cluster, seq: int, batch: int, dtype: s
             _prune(space, "mode", f"{mode}: {why}")
             continue
         for tp, pp in _layouts(mode, cluster.gpus):
+            if not limits.allows_layout(tp, pp):
+                continue
             problem = divisibility_problem(spec, tp, pp, cluster.gpus_per_node)
             if problem:
                 _prune(space, "divisibility", f"{mode} tp{tp} pp{pp}: {problem}",
@@ -215,5 +224,5 @@ def enumerate_space(model: str, cluster: Cluster, seq: int, batch: int, dtype: s
                 continue
             base = dict(mode=mode, model=model, seq=seq, dec=dec, batch=batch, dtype=dtype,
                         tp=tp, pp=pp)
-            _add_layout(space, spec, cluster, base)
+            _add_layout(space, spec, cluster, base, limits)
     return space

@@ -188,6 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", metavar="DIR", default=None,
                    help="each run profiles one extra step after its timed ones (end2end.bench "
                    "--profile DIR; compare with python -m end2end.profiling)")
+    p.add_argument("--mem-budget-gb", type=number(float, above=0), default=None, metavar="G",
+                   help="each run's memory budget per rank (end2end.bench --mem-budget-gb): a "
+                        "run whose peak per rank exceeds it ends as an oom row")
     p.add_argument("--estimate", action="store_true",
                    help="print a FLOP-based runtime estimate of every run and exit")
     p.add_argument("--gflops", type=number(float, above=0), default=150.0,
@@ -218,9 +221,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.estimate:
             _estimate(args)
             return 0
+        extra = ["--profile", args.profile] if args.profile else []
+        if args.mem_budget_gb is not None:
+            extra += ["--mem-budget-gb", str(args.mem_budget_gb)]
         bad = run_sweep(args.config, args.results, args.max_devices, args.device,
                         args.retry_failed, args.timeout, args.dry_run, args.error_stop,
-                        extra=["--profile", args.profile] if args.profile else (),
+                        extra=extra,
                         wait=args.wait, repeat=args.repeat,
                         require_quiet=args.quiet_wait if args.require_quiet else None)
         return 1 if bad else 0
