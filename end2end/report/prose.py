@@ -4,13 +4,16 @@ A number in the docs is either generated (inside a ``<!-- report: ... -->`` bloc
 committed results file) or written by hand. A hand-written measurement — a speedup (``1.8x``), a
 percentage, a duration, a size, a decimal — must name its source in the same sentence (or table
 row): a committed file (a path under ``docs/results/``, a results/config/log file, a test that
-checks it) or the paper. This module finds those that do not:
+checks it), the paper, a vendor's datasheet, or a published repository's file named by
+``owner/name`` and path (``pytorch/torchtitan docs/performance.md``). This module finds those
+that do not:
 
     python -m end2end.report.prose [FILE ...]     # default: README.md and docs/*.md
 
 prints ``file:line: 'NUMBER' in "...context..."`` per offender and exits 1 when there is one.
 Skipped: generated blocks, fenced code, inline code, HTML comments, link targets, version
-numbers (``torch 2.13.0``, ``Python >= 3.11``), and plain integers (counts such as "4 layers").
+numbers (``torch 2.13.0``, ``Python >= 3.11``), section numbers (``§1.7``), and plain integers
+(counts such as "4 layers").
 ``tests/test_prose_numbers.py`` holds README.md to none and each page of ``docs/`` to at most
 its present count, so the list only shrinks.
 """
@@ -31,14 +34,21 @@ ROOT = Path(__file__).resolve().parents[2]
 MEASURE = re.compile(
     r"(?<![\w.\-/=#'])(?:~|≈)?(\d+(?:\.\d+)?(?:\s?(?:x|×|%|ms|s|min|minutes|seconds|h|hours|GB|"
     r"MB|GiB|TB|samples/s|TFLOP/s|TFLOPS|GFLOP/s)\b|\s?[x×%](?!\w))|\d+\.\d+(?![.\d]))")
-# words before a number that make it a version or an identifier, not a measurement
+# words before a number that make it a version or an identifier (a section: §1.7), not a
+# measurement
 VERSION = re.compile(r"(?:torch|python|transformers|deepspeed|megatron-core|numpy|pandas|"
-                     r"optuna|cuda|v|version|>=|<=|==|>|<|arxiv|issue|#|"
+                     r"optuna|cuda|v|version|>=|<=|==|>|<|arxiv|issue|#|§|"
                      r"straddles?|below|above)\s*$", re.I)
-# what names a source: a committed file, a test, or the paper
+# a file of a public repository, named by owner/name and its path ("pytorch/torchtitan
+# docs/performance.md", "stas00/ml-engineering, `compute/accelerator/README.md`")
+REPOSITORY_FILE = (r"\b[\w.-]+/[\w.-]+,?\s+`?(?:[\w.-]+/)+[\w.-]+"
+                   r"\.(?:md|rst|txt|py|cc|cpp|cu|h)\b")
+# what names a source: a committed file, a test, the paper, a vendor's datasheet or a
+# published repository's file
 SOURCE = re.compile(r"docs/results/|\.tsv\b|\.jsonl\b|\.db\b|\.cmd\b|results file|tests/|"
                     r"measurement_log|commands\.src\.tsv|the paper|paper's|arxiv|artifact's|"
-                    r"table of commands|setup\.sh|--list|\bgenerated\b|report:", re.I)
+                    r"table of commands|setup\.sh|--list|\bgenerated\b|report:|"
+                    r"\bdatasheets?\b|" + REPOSITORY_FILE, re.I)
 SENTENCE = re.compile(r"(?<=[.;!?])\s+(?=[A-Z(`*\[])")
 INLINE = re.compile(r"`[^`]*`|<!--.*?-->|\]\([^)]*\)|https?://\S+")
 
