@@ -1,0 +1,1 @@
+python -m end2end.plan.cpu_study cpu/bert --out docs/results/plan/cpu_study_fig10 --calibration docs/results/cpu_proof/cpu_profile.json --seq 256 --global-batch 4 8 12 16 20 --modes slapo-megatron --tp 2 --accumulation 1 --ckpt 0 0.25 0.5 0.75 1 --memory-gb 1.3 --measured docs/results/reproduce-full/autotune/autotune-bert.tsv
