@@ -13,7 +13,9 @@ starts, so every candidate is measured once per round, all rounds alike.
 key (and dtype); where several candidates share it, by the micro-batch the row's JSON twin
 records (``extra.micro_batch``), else the one the driver runs without a ``micro_batch`` option
 (:func:`end2end.spec.layout.default_micro_batch`): a row of a file measured without the
-planner's pragmas (the Figure 10 grid) is the run with no gradient accumulation.
+planner's pragmas (the Figure 10 grid) is the run with no gradient accumulation. A row whose
+twin records another micro-batch than its candidate's (a part file left from a study with other
+options in the same ``--out``) is not that candidate's: use a fresh ``--out`` for new options.
 
 **Judging** (:func:`judge`): per candidate the median samples/s over its ``ok`` rounds, with the
 slowest and fastest round. A candidate fits when every round is ``ok`` and, with a memory cap,
@@ -172,7 +174,7 @@ def read_measured(path: Path, cands: Sequence[Candidate]) -> Dict[Candidate, Lis
     out: Dict[Candidate, List[ResultRow]] = defaultdict(list)
     for row, recorded in zip(rows, _twin_micros(path, len(rows))):
         same = [c for c in by_key.get(row.key[:-1], []) if row.dtype in ("", c.dtype)]
-        if len(same) > 1:
+        if len(same) > 1 or recorded:  # a recorded micro-batch must be the candidate's
             same = [c for c in same if c.micro == _row_micro(row, recorded)]
         if len(same) == 1 and row.status not in ("sim", "sim-oom"):
             out[same[0]].append(row)
