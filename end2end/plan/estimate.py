@@ -22,7 +22,8 @@ Each term uses the cluster's peak, NVLink and network numbers from the simulator
 :func:`end2end.plan.rules.memory_lower_bound` plus activations of ``34 x s x b x h`` bytes in
 half precision per layer not checkpointed (Korthikanti et al. 2022, "Reducing Activation
 Recomputation in Large Transformer Models", without the attention scores that fused attention
-does not keep; 24 of the 34 split by TP), the input only for a checkpointed layer, the
+does not keep; 24 of the 34 split by TP), the input only for a checkpointed layer, what the
+``op`` policy keeps (:func:`end2end.plan.ckpt.activation_sbh`), the
 micro-batches a pipeline stage keeps alive (all of them in the torch pipeline's GPipe order,
 ``min(M, PP)`` in DeepSpeed's 1F1B) and the fp32 logits. A candidate estimated not to fit is
 simulated after those estimated to fit.
@@ -37,7 +38,8 @@ from end2end.models.flops import train_flops_per_sample
 from end2end.plan.cluster import Cluster
 from end2end.plan.rules import (DTYPE_BYTES, parameter_count, shards_states_over_dp,
                                 state_bytes_per_parameter)
-from end2end.plan.space import Candidate, ckpt_fraction
+from end2end.plan.ckpt import activation_sbh, ckpt_fraction
+from end2end.plan.space import Candidate
 from end2end.spec.modes import get_mode
 from end2end.spec.runspec import DTYPES
 
@@ -111,8 +113,7 @@ def estimate_memory(cand: Candidate, cluster: Cluster) -> float:
     states = parameter_count(spec) * state_bytes_per_parameter(cand.mode, cand.dtype) / shards
     scale = DTYPE_BYTES[cand.dtype] / 2
     sbh = cand.micro * cand.seq * spec.hidden * scale
-    r = ckpt_fraction(cand.ckpt)
-    per_layer = r * 2 * sbh + (1 - r) * (10 + 24 / cand.tp) * sbh
+    per_layer = activation_sbh(cand.ckpt, cand.tp) * sbh
     layers = (spec.layers + spec.decoder_layers) / cand.pp
     logits = cand.micro * cand.seq * spec.vocab * 4 / cand.tp
     peak = states + layers * per_layer * _in_flight(cand) + logits

@@ -43,7 +43,8 @@ from end2end.models import get_model_spec
 from end2end.models.flops import train_flops_per_sample
 from end2end.plan.cluster import Cluster
 from end2end.plan.shapes import with_size
-from end2end.plan.space import Candidate, ckpt_fraction
+from end2end.plan.ckpt import ckpt_fraction
+from end2end.plan.space import Candidate
 from end2end.spec.runspec import DTYPES
 
 __all__ = ["DEPTHS", "REDUCE_ABOVE", "Prediction", "reduced_models", "predict",

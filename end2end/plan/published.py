@@ -224,7 +224,8 @@ def read_results(path: Path) -> Dict[str, List[str]]:
     if not lines:
         return {}
     if lines[0].split("\t") != list(RESULT_COLUMNS):
-        raise ConfigError(f"{path}: its columns are not this version's ({', '.join(RESULT_COLUMNS)})",
+        raise ConfigError(f"{path}: its columns are not this version's "
+                          f"({', '.join(RESULT_COLUMNS)})",
                           call="end2end.plan.published",
                           hint="move it away, or run every row again (without --only)")
     return {cells[0]: cells for cells in (ln.split("\t") for ln in lines[1:])}

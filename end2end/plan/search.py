@@ -44,7 +44,8 @@ from end2end.plan.limits import NO_LIMITS, SpaceLimits
 from end2end.plan.predict import (REDUCE_ABOVE, Prediction, predict, reduced_models,
                                   simulate_cached)
 from end2end.plan.shapes import with_size
-from end2end.plan.space import PLANNED_MODES, Candidate, Space, ckpt_fraction, enumerate_space
+from end2end.plan.ckpt import holds_at_least
+from end2end.plan.space import PLANNED_MODES, Candidate, Space, enumerate_space
 
 __all__ = ["Evaluated", "PlanResult", "SearchOptions", "plan", "PER_MODE_FIRST", "DEFAULT_CACHE",
            "default_batch", "resolve_model"]
@@ -133,7 +134,7 @@ def _queue(items: List[Evaluated], capacity: float) -> List[Evaluated]:
 
 def _dominated_by_oom(cand: Candidate, oom: Candidate) -> bool:
     return (cand.mode, cand.tp, cand.pp) == (oom.mode, oom.tp, oom.pp) \
-        and cand.micro >= oom.micro and ckpt_fraction(cand.ckpt) <= ckpt_fraction(oom.ckpt)
+        and cand.micro >= oom.micro and holds_at_least(cand.ckpt, oom.ckpt)
 
 
 def _next_of_mode_first(queue: List[Evaluated], mode: str, done: List[Evaluated],

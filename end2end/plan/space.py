@@ -11,8 +11,9 @@ modes :mod:`end2end.spec.modes` says what each accepts):
 * the micro-batch: powers of two dividing the replica's batch where the driver runs
   micro-batches (the megatron modes' gradient accumulation and pipelines), else the whole
   replica's batch; the global batch = DP x micro x accumulation;
-* CKPT: ``0, 0.5, 1`` (Slapo modes' ratio), ``0, selective, full`` (megatron),
-  ``0, 1`` (HF gradient checkpointing).
+* CKPT: ``0, 0.5, op, 1`` (Slapo modes' ratio, and ``op``: every layer checkpointed
+  selectively; not on vision models), ``0, selective, full`` (megatron), ``0, 1`` (HF gradient
+  checkpointing) (:mod:`end2end.plan.ckpt`).
 
 Each point is checked by :mod:`end2end.plan.rules` (divisibility, memory lower bound) and then
 by the driver's own checks (``make_run_spec``, ``run_layout``): :func:`enumerate_space` returns
@@ -29,13 +30,13 @@ from typing import Dict, List, Tuple
 from slapo.errors import SlapoError
 
 from end2end.models import ModelSpec, get_model_spec
+from end2end.plan.ckpt import checkpointed_share, ckpt_choices
 from end2end.plan.cluster import Cluster
 from end2end.plan.limits import NO_LIMITS, SpaceLimits
 from end2end.plan.rules import divisibility_problem, memory_lower_bound, mode_problem
 from end2end.spec.modes import get_mode
 
-__all__ = ["PLANNED_MODES", "Candidate", "Space", "enumerate_space", "ckpt_choices",
-           "ckpt_fraction"]
+__all__ = ["PLANNED_MODES", "Candidate", "Space", "enumerate_space"]
 
 #: The modes the planner searches: the Slapo modes first, then their baselines.
 PLANNED_MODES = ("slapo", "slapo-megatron", "slapo-deepspeed", "slapo-fsdp",
@@ -127,18 +128,6 @@ class Space:
         return len(self.candidates) + sum(self.pruned.values())
 
 
-def ckpt_choices(mode: str) -> Tuple[str, ...]:
-    """The CKPT values the planner tries for ``mode`` (module docstring)."""
-    kind = get_mode(mode).ckpt
-    return {"ratio": ("0", "0.5", "1"), "megatron": ("0", "selective", "full")}.get(kind,
-                                                                                  ("0", "1"))
-
-
-def ckpt_fraction(ckpt: str) -> float:
-    """The fraction of layers recomputed (``selective``: attention only, counted as 0.1)."""
-    return {"full": 1.0, "selective": 0.1}.get(ckpt, None) or float(ckpt)
-
-
 def _divisors(n: int) -> List[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -176,7 +165,7 @@ def _add_layout(space: Space, spec: ModelSpec, cluster: Cluster, base: dict,
     """The micro-batch and CKPT points of one (mode, TP, PP), memory-checked."""
     mode, tp, pp = base["mode"], base["tp"], base["pp"]
     dp = cluster.gpus // (tp * pp)
-    ckpts = limits.ckpts(mode, ckpt_choices(mode), spec.is_vision)
+    ckpts = limits.ckpts(mode, ckpt_choices(mode, spec.is_vision), spec.is_vision)
     if base["batch"] % dp:
         _prune(space, "batch", f"global batch {base['batch']} not divisible by dp {dp}",
                len(ckpts))
@@ -187,7 +176,7 @@ def _add_layout(space: Space, spec: ModelSpec, cluster: Cluster, base: dict,
         for ckpt in ckpts:
             cand = Candidate(ckpt=ckpt, micro=micro, n=cluster.gpus, **base)
             need = memory_lower_bound(spec, mode, cand.dtype, tp, pp, dp, micro, cand.seq,
-                                      ckpt_fraction(ckpt))
+                                      checkpointed_share(ckpt))
             need = need * (1 + cluster.allocator_overhead) + cluster.reserved_bytes
             if need > cluster.capacity_bytes:
                 _prune(space, "memory", f"{cand.label}: at least {need / 1e9:.1f} GB per rank "
@@ -220,7 +209,7 @@ def enumerate_space(model: str, cluster: Cluster, seq: int, batch: int, dtype: s
             problem = divisibility_problem(spec, tp, pp, cluster.gpus_per_node)
             if problem:
                 _prune(space, "divisibility", f"{mode} tp{tp} pp{pp}: {problem}",
-                       len(ckpt_choices(mode)))
+                       len(ckpt_choices(mode, spec.is_vision)))
                 continue
             base = dict(mode=mode, model=model, seq=seq, dec=dec, batch=batch, dtype=dtype,
                         tp=tp, pp=pp)

@@ -142,3 +142,31 @@ def test_an_oom_s_next_candidate_waits_for_the_other_modes_first_candidates():
     _next_of_mode_first(queue, "megatron", [], [oom], first=3)
     assert queue[3].candidate.mode == "megatron" and queue[:3] == [
         e for e in items if e.candidate is not oom][:3]
+
+
+def test_slapo_modes_also_try_op_checkpointing_and_its_order_against_the_ratios():
+    from end2end.plan.ckpt import activation_sbh, checkpointed_share, ckpt_choices, holds_at_least
+
+    space = enumerate_space("tiny/llama", parse_cluster("h100-80gb:2x1"), 64, 8, "bf16")
+    ops = [c for c in space.candidates if c.ckpt == "op"]
+    assert {c.mode for c in ops} == {"slapo", "slapo-megatron", "slapo-deepspeed", "slapo-fsdp"}
+    for cand in ops:  # the driver reads it as every layer checkpointed with the op policy
+        spec = cand.run_spec()
+        assert spec.ckpt_ratio == 1.0 and spec.ckpt_policy == "save_every_other_matmul"
+    assert "op" not in ckpt_choices("slapo-fsdp", vision=True)  # the driver refuses it there
+    assert "op" not in ckpt_choices("megatron") and "op" not in ckpt_choices("fsdp")
+    # what a layer keeps: more than a checkpointed layer's input, less than a whole layer
+    for tp in (1, 2, 8):
+        assert activation_sbh("1", tp) < activation_sbh("op", tp) < activation_sbh("0", tp)
+    assert checkpointed_share("op") == 1.0  # the lower bound: every layer's input only
+    assert holds_at_least("0", "op") and holds_at_least("op", "1")
+    assert not holds_at_least("op", "0") and not holds_at_least("1", "op")
+    assert not holds_at_least("op", "0.5") and not holds_at_least("0.5", "op")
+    assert holds_at_least("0", "0.5") and not holds_at_least("1", "0.5")
+
+
+def test_an_oom_at_op_prunes_ratio_0_but_not_0_5():
+    space = enumerate_space("tiny/llama", parse_cluster("h100-80gb:2x1"), 64, 8, "bf16")
+    fsdp = [c for c in space.candidates if c.mode == "slapo-fsdp" and c.tp == 1]
+    oom = next(c for c in fsdp if c.ckpt == "op")
+    assert {c.ckpt for c in fsdp if _dominated_by_oom(c, oom)} == {"0", "op"}
