@@ -105,14 +105,21 @@ def _seeds(root: Path, args: Sequence[str]) -> str:
 
 @generator("include")
 def _include(root: Path, args: Sequence[str]) -> str:
-    """A committed Markdown file that a command generated (e.g. ``python -m autotune.pruning
-    ... > FILE.md``), verbatim, and the command from ``FILE.cmd`` beside it."""
+    """A committed file that a command generated, and the command from ``FILE.cmd`` beside it:
+    a Markdown file verbatim (e.g. ``python -m autotune.pruning ... > FILE.md``), a text file
+    in a ``text`` fence (e.g. the planner's report). The ``.cmd`` file's ``#`` lines are notes
+    on the run (when, where), shown after the command."""
     path = results_path(root, args, "include")
     command_file = path.with_suffix(".cmd")
-    if path.suffix != ".md" or not command_file.is_file():
-        raise ReportError(f"'include' takes a generated .md file with its .cmd beside it, got "
-                          f"{args[0]}", hint=f"write the command that made it into "
+    if path.suffix not in (".md", ".txt") or not command_file.is_file():
+        raise ReportError(f"'include' takes a generated .md or .txt file with its .cmd beside "
+                          f"it, got {args[0]}", hint=f"write the command that made it into "
                           f"{command_file.name}")
-    commands = [line.strip() for line in command_file.read_text().splitlines() if line.strip()]
-    return (path.read_text().strip() + "\n\nMade by " + ", then ".join(f"`{c}`" for c in commands)
-            + ".")
+    lines = [line.strip() for line in command_file.read_text().splitlines() if line.strip()]
+    commands = [line for line in lines if not line.startswith("#")]
+    notes = " ".join(line.lstrip("#").strip() for line in lines if line.startswith("#"))
+    body = path.read_text().strip()
+    if path.suffix == ".txt":
+        body = "```text\n" + body + "\n```"
+    return (body + "\n\nMade by " + ", then ".join(f"`{c}`" for c in commands) + "."
+            + (f" {notes}" if notes else ""))

@@ -196,6 +196,15 @@ def test_include_takes_a_generated_markdown_file_with_its_command(tmp_path):
     (tmp_path / "study.cmd").write_text("python -m autotune.pruning --db x\n")
     text = render(tmp_path, _block("include study.md"))
     assert text == "| a |\n|---|\n| 1 |\n\nMade by `python -m autotune.pruning --db x`."
+    # a text file goes in a fence; the .cmd's comment lines are notes after the command
+    (tmp_path / "plan.txt").write_text("plan: x\n  1 slapo\n")
+    (tmp_path / "plan.cmd").write_text("# run on a quiet machine\npython -m end2end.plan x\n")
+    assert render(tmp_path, _block("include plan.txt")) == (
+        "```text\nplan: x\n  1 slapo\n```\n\nMade by `python -m end2end.plan x`. run on a quiet "
+        "machine")
+    (tmp_path / "plan.json").write_text("{}")
+    with pytest.raises(ReportError, match=".md or .txt"):
+        render(tmp_path, _block("include plan.json"))
 
 
 def test_simulated_rows_are_called_predictions_in_results_and_provenance(tmp_path):
