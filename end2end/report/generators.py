@@ -10,7 +10,8 @@
 ``best FILE``              per workload and rank count, the best Slapo bar against the best
                            baseline bar (the paper's conclusion), each at its best setting
 ``tsv FILE``               a plain TSV with a header line as a table (with the count of each
-                           ``status`` when it has that column)
+                           ``status`` when it has that column; ``#`` lines skipped;
+                           ``--columns=a,b`` only those columns)
 ``validation FILE``        published GPU measurements vs the simulator's predictions
                            (:mod:`end2end.report.validation_table`); ``validation-sources``
                            the set's source table
@@ -131,9 +132,15 @@ def _best(root: Path, args: Sequence[str]) -> str:
 @generator("tsv")
 def _tsv(root: Path, args: Sequence[str]) -> str:
     """A plain TSV with a header line as a Markdown table (``|`` escaped), preceded by the count
-    of each value of its ``status`` column when it has one."""
-    path = results_path(root, args, "tsv")
-    lines = [line.split("\t") for line in path.read_text().splitlines() if line.strip()]
+    of each value of its ``status`` column when it has one. Lines starting with ``#`` are
+    comments (skipped); ``--columns a,b,c`` shows only those columns, in that order."""
+    columns = [a.split("=", 1)[1].split(",") for a in args if a.startswith("--columns=")]
+    unknown = [a for a in args if a.startswith("--") and not a.startswith("--columns=")]
+    if unknown:
+        raise ReportError(f"unknown option(s) {unknown} of 'tsv'", hint="only --columns=a,b,c")
+    path = results_path(root, [a for a in args if not a.startswith("--")], "tsv")
+    lines = [line.split("\t") for line in path.read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
     if len(lines) < 2:
         raise ReportError(f"{path.name} has no header line and rows",
                           hint="first line: the column names, tab-separated")
@@ -147,9 +154,15 @@ def _tsv(root: Path, args: Sequence[str]) -> str:
             counts[row[head.index("status")]] = counts.get(row[head.index("status")], 0) + 1
         out.append(", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
                    + f" (of {len(cell)})\n")
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|" + "---|" * len(head))
-    out += ["| " + " | ".join(row[:len(head)]) + " |" for row in cell]
+    shown = columns[-1] if columns else head
+    missing = [c for c in shown if c not in head]
+    if missing:
+        raise ReportError(f"{path.name} has no column(s) {missing}",
+                          hint=f"its columns: {', '.join(head)}")
+    index = [head.index(c) for c in shown]
+    out.append("| " + " | ".join(shown) + " |")
+    out.append("|" + "---|" * len(shown))
+    out += ["| " + " | ".join(row[i] for i in index) + " |" for row in cell]
     return "\n".join(out)
 
 

@@ -129,3 +129,13 @@ def test_a_tsv_block_counts_statuses_and_escapes_pipes(tmp_path):
     update([doc], root=tmp_path)
     text = doc.read_text()
     assert "ok: 1, refused: 1 (of 2)" in text and "| beam | refused | a \\| b |" in text
+    # comment lines are skipped; --columns picks and orders the columns shown
+    path.write_text("# made by x\nfamily\tstatus\treason\nllama\tok\tfine\n")
+    doc.write_text("<!-- report: tsv docs/results/sweep.tsv --columns=reason,family -->\n"
+                   "<!-- /report -->\n")
+    update([doc], root=tmp_path)
+    text = doc.read_text()
+    assert "| reason | family |\n|---|---|\n| fine | llama |" in text and "made by" not in text
+    doc.write_text("<!-- report: tsv docs/results/sweep.tsv --columns=nope -->\n<!-- /report -->\n")
+    with pytest.raises(ReportError, match="no column"):
+        update([doc], root=tmp_path)
