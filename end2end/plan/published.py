@@ -232,6 +232,10 @@ def read_results(path: Path) -> Dict[str, List[str]]:
 
 
 def _header(table: Path) -> List[str]:
+    try:  # the table as the reader of the results would name it: from where the command ran
+        table = table.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        pass
     return ["the planner against published layouts (issue 40, item 3; docs/planning.md)",
             f"python -m end2end.plan.published --table {table} [--only ID ...]: rows merged by "
             "id; each row's commit, finish time (UTC) and search options are its own",
