@@ -7,7 +7,8 @@ an interrupted command line ends.
   died of a signal (the survivors may have written a row blaming the wrong thing), replace it by
   one that says what happened; a run whose driver wrote nothing gets a ``fail``/``timeout`` row.
   Every run of a config ends as a row.
-* :func:`run_interruptible` — a command's ``main``: SIGTERM is handled like Ctrl-C; both end with
+* :func:`run_interruptible` — a command's ``main``: SIGTERM is handled like Ctrl-C (which
+  interrupts even when SIGINT was inherited ignored); both end with
   one line on stderr that says how to resume, and exit status 130.
 """
 
@@ -126,6 +127,9 @@ def run_interruptible(prog: str, argv: Sequence[str], run: Callable[[], int],
     sweep has stopped the current run with all its processes and cut its rows) prints
     ``interrupted: ...; resume with: python -m PROG ARGV`` and returns 130."""
     previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    # Ctrl-C interrupts even when this process was started with SIGINT ignored (a parent that
+    # ignores it, a background job of a script): Python then installs no handler of its own
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return report_errors(prog, run, debug)
     except KeyboardInterrupt:
@@ -134,3 +138,4 @@ def run_interruptible(prog: str, argv: Sequence[str], run: Callable[[], int],
         return 130
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)

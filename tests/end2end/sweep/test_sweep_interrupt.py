@@ -26,13 +26,15 @@ from .processes import driver_ranks
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _start_sweep(cfg: Path, res: Path, ranks_wanted: int):
-    """Start ``python -m end2end.sweep`` in its own process group; wait until the launcher and
-    its ranks run; return (process, pids of every process below the sweep)."""
+def _start_sweep(cfg: Path, res: Path, ranks_wanted: int, sigint_ignored: bool = False):
+    """Start ``python -m end2end.sweep`` in its own process group (``sigint_ignored``: with
+    SIGINT ignored, as a parent that ignores it passes on); wait until the launcher and its
+    ranks run; return (process, pids of every process below the sweep)."""
     cmd = [sys.executable, "-m", "end2end.sweep", str(cfg), "--results", str(res),
            "--max-devices", "2", "--timeout", "300"]
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, preexec_fn=ignore)
     deadline = time.monotonic() + 120
     pids = []
     while time.monotonic() < deadline:
@@ -104,6 +106,25 @@ def test_sigterm_is_an_interrupt_too(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130 and "resume with:" in err and "Traceback" not in err
     time.sleep(0.5)
+    assert all(map(_gone, pids)) and _rows(res) == []
+
+
+def test_ctrl_c_interrupts_a_sweep_started_with_sigint_ignored(tmp_path):
+    """A parent that ignores SIGINT (a script's background job, a test worker) passes that on;
+    the sweep still stops on Ctrl-C instead of hanging with its ranks left running."""
+    cfg, res = tmp_path / "c.cfg", tmp_path / "r.tsv"
+    cfg.write_text("#@ steps=1000000 warmup=0\neager tiny/bert 1 16 0 2 0\n")
+    proc, pids = _start_sweep(cfg, res, 1, sigint_ignored=True)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=180)  # a hang guard; a loaded CI machine is slow
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130 and "resume with:" in err and "Traceback" not in err
+    deadline = time.monotonic() + 10
+    while not all(map(_gone, pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert all(map(_gone, pids)) and _rows(res) == []
 
 
