@@ -42,6 +42,7 @@ import logging
 import math
 import os
 import sys
+import textwrap
 from typing import Callable, Optional, Sequence, Union
 
 from slapo.errors import SlapoError
@@ -52,7 +53,12 @@ __all__ = ["HelpFormatter", "number", "report_errors", "one_line", "add_workload
 
 
 class HelpFormatter(argparse.HelpFormatter):
-    """``(default: X)`` after every option with a real default."""
+    """``(default: X)`` after every option with a real default; a word longer than the line (a
+    default path) stays whole on a line of its own, so it can be copied."""
+
+    def _split_lines(self, text: str, width: int) -> list:
+        text = self._whitespace_matcher.sub(" ", text).strip()
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""

@@ -37,6 +37,18 @@ def test_every_option_is_documented_with_choices_and_defaults(command):
             assert f"(default: {action.default})" in " ".join(text.split()), action.dest
 
 
+def test_a_long_default_path_is_never_broken_across_lines(monkeypatch):
+    from end2end.cli import HelpFormatter
+
+    monkeypatch.setenv("COLUMNS", "60")
+    path = "/check/work/main/docs/results/cpu_proof/a-rather-long-calibration-file-name.json"
+    parser = argparse.ArgumentParser(prog="p", formatter_class=HelpFormatter)
+    parser.add_argument("--calibration", default=path, help="the cpu profile's calibration file")
+    lines = parser.format_help().splitlines()
+    assert any(line.strip() == f"(default: {path})" or line.strip().endswith(path + ")")
+               for line in lines), lines
+
+
 def test_models_lists_the_zoo_with_a_header_and_parameter_counts(capsys):
     assert models.main(["--family", "wideresnet"]) == 0
     lines = capsys.readouterr().out.splitlines()
