@@ -1,0 +1,2 @@
+python -m end2end.plan.cpu_study cpu/bert --out docs/results/plan/cpu_study_fig10_measured --seq 256 --global-batch 4 8 12 16 20 --modes slapo-megatron --tp 2 --accumulation 1 --ckpt 0 0.25 0.5 0.75 1 --memory-gb 1.3 --repeat 3
+# 2026-12-03 16:33-17:05 UTC on the 2-core AMD EPYC development machine, idle but for this job, from a clean worktree of commit 3aa2a88 (run there with --out pointing into the worktree; the files moved here and their paths rewritten to this folder)
