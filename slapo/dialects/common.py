@@ -22,6 +22,7 @@ __all__ = [
     "has_tp_shards",
     "tp_ranks",
     "data_parallel_group",
+    "tensor_parallel_layouts",
     "tag_tensor_parallel_params",
     "OptimizerArg",
 ]
@@ -123,6 +124,14 @@ def tp_ranks(group: Optional[dist.ProcessGroup]) -> List[int]:
     return list(dist.get_process_group_ranks(group))
 
 
+def tensor_parallel_layouts(mine: List[int]) -> List[List[int]]:
+    """Every rank's tensor-parallel group (its global ranks), in rank order, given this rank's
+    ``mine``: an object all-gather over the world (collective)."""
+    layouts: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(layouts, mine)
+    return layouts
+
+
 _DP_GROUPS: Dict[Tuple[Tuple[int, ...], ...], dist.ProcessGroup] = {}
 
 
@@ -134,9 +143,7 @@ def data_parallel_group(tp_group: Optional[dist.ProcessGroup]) -> dist.ProcessGr
         BuildError: the tensor-parallel groups do not split the world into equal parts.
     """
     mine = tp_ranks(tp_group)
-    layouts: List[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(layouts, mine)
-    groups = sorted({tuple(g) for g in layouts})
+    groups = sorted({tuple(g) for g in tensor_parallel_layouts(mine)})
     covered = sorted(r for g in groups for r in g)
     if covered != list(range(dist.get_world_size())) or len({len(g) for g in groups}) != 1:
         raise BuildError(

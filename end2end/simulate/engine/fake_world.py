@@ -20,6 +20,10 @@ allocating a byte of its tensors. Several things of torch 2.13 need help, only i
   any collective), since the fake group's C++ work completes without the tensor DDP expects.
 * megatron-core asks for extra ``gloo`` groups (``new_group(backend="gloo")``), which cannot be
   made on a fake world; every group is made with the world's (fake) backend.
+* Slapo's data-parallel group for a tensor-parallel one (FSDP2 or ZeRO over the replicas of
+  a TP group) learns every rank's TP group by an object all-gather, whose sizes the fake group
+  does not deliver (``DataDependentOutputException: aten._local_scalar_dense``); here the
+  answer is read from the groups this process created (every rank creates every group).
 * a ``DeviceMesh`` (FSDP2, DTensor tensor parallelism: ``init_device_mesh``,
   ``DeviceMesh.from_group``, slicing a mesh) keeps its ranks in a small integer tensor that it
   reads back (``.tolist()``); made under fake mode, that tensor has no data
@@ -38,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from typing import Iterator
+from typing import Iterator, List
 
 import torch
 import torch.distributed as dist
@@ -57,13 +61,44 @@ def _swap_or_set(original):
     return swap
 
 
-def _fake_backend_group(original):
+def _fake_backend_group(original, created: List[List[int]]):
+    """``new_group`` on the world's (fake) backend, recording each group's ranks in
+    ``created`` (every rank creates every group, in the same order, member or not)."""
     def new_group(*args, **kwargs):
         kwargs.pop("backend", None)
         kwargs.pop("pg_options", None)
+        ranks = kwargs.get("ranks", args[0] if args else None)
+        created.append(sorted(ranks) if ranks is not None else
+                       list(range(dist.get_world_size())))
         return original(*args, **kwargs)
 
     return new_group
+
+
+def _layouts_of_created_groups(created: List[List[int]]):
+    """A stand-in for :func:`slapo.dialects.common.tensor_parallel_layouts`, whose object
+    all-gather has no data on a fake group: every rank's group, read from the groups this
+    process created (``created``): the run of consecutive groups of ``mine``'s size, ``mine``
+    among them, that together hold every rank once (what ``new_subgroups`` and a loop of
+    ``new_group`` calls make)."""
+    def layouts(mine: List[int]) -> List[List[int]]:
+        world, mine = dist.get_world_size(), sorted(mine)
+        if mine == list(range(world)):
+            return [mine] * world
+        count = world // len(mine)
+        for at in (i for i, g in enumerate(created) if g == mine):
+            for start in range(max(0, at - count + 1), at + 1):
+                window = created[start:start + count]
+                if sorted(r for g in window for r in g) == list(range(world)):
+                    owner = {r: g for g in window for r in g}
+                    return [owner[r] for r in range(world)]
+        raise RuntimeError(
+            f"simulation: cannot tell the other ranks' tensor-parallel groups from rank "
+            f"{dist.get_rank()}'s {mine}: no run of groups of its size created here covers the "
+            f"{world} ranks once (create the groups with dist.new_subgroups or one new_group "
+            f"call per block, on every rank)")
+
+    return layouts
 
 
 def _same_shapes_everywhere(process_group, tensors, logger=None) -> None:
@@ -212,7 +247,16 @@ def fake_world(rank: int, world_size: int) -> Iterator[torch._subclasses.FakeTen
         with contextlib.ExitStack() as stack:
             stack.enter_context(_patched(torch.utils, "swap_tensors",
                                          _swap_or_set(torch.utils.swap_tensors)))
-            stack.enter_context(_patched(dist, "new_group", _fake_backend_group(dist.new_group)))
+            from torch.distributed import distributed_c10d
+
+            from slapo.dialects import common as slapo_common
+
+            created: List[List[int]] = []
+            new_group = _fake_backend_group(distributed_c10d.new_group, created)
+            stack.enter_context(_patched(dist, "new_group", new_group))
+            stack.enter_context(_patched(distributed_c10d, "new_group", new_group))
+            stack.enter_context(_patched(slapo_common, "tensor_parallel_layouts",
+                                         _layouts_of_created_groups(created)))
             stack.enter_context(_patched(fake_tensor, "CONSTANT_NUMEL_LIMIT", 64))
             from torch.nn.parallel import distributed as ddp
 
