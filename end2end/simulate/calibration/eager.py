@@ -41,7 +41,8 @@ from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
-from end2end.simulate.cost.cpu_model import Curve, EagerCpuModel, ThreadModel
+from end2end.simulate.cost.cpu_model import (SLOWDOWN_ELEMENTS, Curve, EagerCpuModel,
+                                             ThreadModel)
 
 __all__ = ["measure_eager", "MM_SHAPES", "QUICK"]
 
@@ -54,7 +55,6 @@ CONVS = [(64, 64, 32, 3), (128, 128, 16, 3), (256, 256, 8, 3), (512, 512, 8, 3),
          (256, 64, 32, 1), (64, 256, 32, 1), (1024, 256, 8, 1)]  # (c_in, c_out, pixels, k)
 ATTENTION_SEQS = (128, 512, 2048)
 ELEMENTS = tuple(2 ** p for p in range(14, 25, 2))
-SLOWDOWN_ELEMENTS = 2 ** 21
 CHAIN = 200
 # a reduced set for tests (seconds, not a calibration)
 QUICK = dict(mm=[(64, 64, 64), (256, 256, 256)], bmm=(64,), convs=[(64, 64, 8, 3)],

@@ -20,15 +20,22 @@ different in three ways that decide small models' speed, and the model states ea
   the variable is unset, which is how the sweep launches), so each rank of a multi-rank run has
   one thread. :func:`threads_per_rank` says which; each thread count has its own measurements.
 
-Elementwise ops move bytes: ``bytes x slowdown(op) / bandwidth(bytes)``, a bandwidth curve
-over the bytes one op moves (an ``add`` called again and again: its tensors sit in cache), at
-most the rank's share of the machine's DRAM bandwidth (the profile's ``memory_bandwidth``, a
-128 MB copy with every core, divided by the ranks on the machine): in a training step the
-tensors an op reads were written long before and stream from DRAM, which the ranks share. The
-slowdown per op name is measured for the ops that compute more per byte (softmax, dropout's
-random numbers, layer norm, GELU, ...).
+Elementwise ops move bytes, and some compute more per byte than an ``add``. Moving: ``bytes /
+bandwidth(bytes)``, a bandwidth curve over the bytes one op moves (an ``add`` called again and
+again: its tensors sit in cache), at most the rank's share of the machine's DRAM bandwidth
+(the profile's ``memory_bandwidth``, a 128 MB copy with every core, divided by the ranks on
+the machine): in a training step the tensors an op reads were written long before and stream
+from DRAM, which the ranks share. Computing: the slowdown per op name is measured for the ops
+that compute more per byte (softmax, dropout's random numbers, layer norm, GELU, ...) as the
+op's time over an ``add``'s moving the same bytes, at :data:`SLOWDOWN_ELEMENTS` elements, in
+cache; what it adds, ``(slowdown - 1) x bytes``, runs at the in-cache rate of that
+measurement (the curve at :data:`SLOWDOWN_REFERENCE_BYTES`), whatever the size and the DRAM
+cap: drawing random numbers or exponentials is arithmetic, which neither page faults nor the
+ranks' shared DRAM slow down. (Multiplying the slowdown by a DRAM-capped or page-fault-bound
+bandwidth charged that arithmetic up to the cap's ratio to the cache's rate again: 4x for a
+2-thread rank here.)
 
-Per op: ``max(flops / rate(kind, dtype, flops), bytes / bandwidth(name, bytes)) + per-op cost``.
+Per op: ``max(flops / rate(kind, dtype, flops), moving + computing) + per-op cost``.
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ from typing import Dict, Sequence, Tuple
 from slapo.errors import ConfigError
 
 __all__ = ["Curve", "ThreadModel", "EagerCpuModel", "gemm_kind", "threads_per_rank",
-           "interpolate", "RUNTIME_COSTS"]
+           "interpolate", "RUNTIME_COSTS", "SLOWDOWN_ELEMENTS", "SLOWDOWN_REFERENCE_BYTES"]
 
 Points = Tuple[Tuple[float, float], ...]
 
@@ -49,6 +56,13 @@ Points = Tuple[Tuple[float, float], ...]
 #: ``weight``) at the measured seconds of ``<name>.<phase>``: DeepSpeed ZeRO-3's Python per hooked
 #: module, per parameter and per parameter byte (:mod:`end2end.simulate.calibration.zero3`)
 RUNTIME_COSTS = ("zero3.module", "zero3.param", "zero3.byte")
+
+#: elements of the calibration's slowdown measurements (fp32;
+#: :mod:`~end2end.simulate.calibration.eager`)
+SLOWDOWN_ELEMENTS = 2 ** 21
+#: bytes an op with one input and one output moves there (most measured ops: softmax, GELU,
+#: dropout's draw, layer norm ...): where the slowdown's extra arithmetic is priced
+SLOWDOWN_REFERENCE_BYTES = SLOWDOWN_ELEMENTS * 4 * 2
 
 #: ATen op name -> the GEMM curve it uses (other ops with FLOPs use ``mm``)
 GEMM_KINDS = {"mm": "mm", "addmm": "mm", "_addmm_activation": "mm", "bmm": "bmm",
@@ -138,11 +152,19 @@ class ThreadModel:
         if op.flops:
             work = op.flops / self.rate(op.dtype, gemm_kind(op.name), op.flops)
         if op.bytes:
-            bandwidth = self.bandwidth(op.bytes)
-            if self.dram_bandwidth:
-                bandwidth = min(bandwidth, self.dram_bandwidth)
-            work = max(work, op.bytes * self.slowdown.get(op.name, 1.0) / bandwidth)
+            work = max(work, self.elementwise_seconds(op.name, op.bytes))
         return work + self.fixed_seconds(op)
+
+    def elementwise_seconds(self, name: str, nbytes: float) -> float:
+        """Seconds of an op named ``name`` moving ``nbytes``: moving them at the size's
+        bandwidth (capped at the rank's DRAM share), plus the arithmetic its slowdown measured
+        beyond an ``add``'s, at the in-cache rate of that measurement (module docstring)."""
+        bandwidth = self.bandwidth(nbytes)
+        if self.dram_bandwidth:
+            bandwidth = min(bandwidth, self.dram_bandwidth)
+        extra = self.slowdown.get(name, 1.0) - 1.0
+        computing = nbytes * extra / self.bandwidth(SLOWDOWN_REFERENCE_BYTES)
+        return max(nbytes / bandwidth + computing, 0.0)
 
     def fixed_seconds(self, op) -> float:
         """The per-op cost of a recorded op that is not a view (its phase's ``op_seconds``; a

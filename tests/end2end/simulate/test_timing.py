@@ -258,6 +258,26 @@ def test_zero3_costs_measured_with_a_real_engine_on_two_ranks():
     assert costs["zero3.module.forward"] + costs["zero3.module.backward"] > 1e-5, costs
 
 
+def test_an_ops_extra_arithmetic_runs_at_the_in_cache_rate_of_its_measurement():
+    """The slowdown (measured in cache) prices the arithmetic an op does beyond an add's; moving
+    the bytes pays the size's bandwidth and the DRAM cap, the arithmetic does not: a softmax
+    (slowdown 4) on a rank capped at 4e9 B/s moves 4e8 B at 4e9 and computes 3 x 4e8 B at the
+    curve's 1e10 (before: 4 x 4e8 / 4e9, the arithmetic charged at the cap too)."""
+    capped = dataclasses.replace(_profile(), memory_bandwidth=4e9)
+    softmax = compute_seconds([_op(nbytes=4e8, name="_softmax")], capped)["forward"] - 10e-6
+    assert softmax == pytest.approx(4e8 / 4e9 + 3 * 4e8 / 1e10)
+    # at the curve's own rate (no cap) the measured slowdown is reproduced: 4 x an add
+    free = _profile()
+    add = compute_seconds([_op(nbytes=4e8, name="add")], free)["forward"] - 10e-6
+    assert compute_seconds([_op(nbytes=4e8, name="_softmax")], free)["forward"] - 10e-6 == \
+        pytest.approx(4 * add)
+    # where the curve falls (page faults on large outputs), only the moving slows down
+    falling = dataclasses.replace(_thread_model(2), bandwidth=Curve(((1e3, 1e10), (1e8, 1e10),
+                                                                     (1e9, 1e9))))
+    slow = falling.elementwise_seconds("_softmax", 1e9)
+    assert slow == pytest.approx(1e9 / 1e9 + 3 * 1e9 / 1e10)
+
+
 def test_eager_dropout_on_a_cpu_is_recorded_as_the_bernoulli_draw_the_calibration_prices():
     """F.dropout on a CPU runs ``empty_like(x).bernoulli_(1 - p)``, ``div_``, ``mul``: the
     recorder sees ``bernoulli_`` (what the profile of BERT's ZeRO-3 step showed: 13 calls, 6 % of
