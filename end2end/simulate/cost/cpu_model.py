@@ -33,7 +33,7 @@ measurement (the curve at :data:`SLOWDOWN_REFERENCE_BYTES`), whatever the size a
 cap: drawing random numbers or exponentials is arithmetic, which neither page faults nor the
 ranks' shared DRAM slow down. (Multiplying the slowdown by a DRAM-capped or page-fault-bound
 bandwidth charged that arithmetic up to the cap's ratio to the cache's rate again: 4x for a
-2-thread rank here.)
+1-thread rank here.)
 
 Per op: ``max(flops / rate(kind, dtype, flops), moving + computing) + per-op cost``.
 """
