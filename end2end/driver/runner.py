@@ -25,8 +25,8 @@ from end2end.spec.modes import Mode, get_mode
 
 __all__ = ["Batch", "Runner", "RunnerRequest", "ModelSchedule", "Builder", "PipelineBuilder",
            "Builders", "BUILDERS", "builds", "hf_model_from_config", "default_optimizer",
-           "default_deepspeed_config", "config_of", "prepare_hf_model", "scheduled_model",
-           "schedule_group"]
+           "default_deepspeed_config", "config_of", "prepare_hf_model", "without_kv_cache",
+           "scheduled_model", "schedule_group"]
 
 Batch = Dict[str, torch.Tensor]
 ScheduleFn = Callable[[slapo.Schedule], None]
@@ -187,14 +187,28 @@ def schedule_group(request: RunnerRequest) -> Any:
     return None
 
 
+def without_kv_cache(model: nn.Module) -> None:
+    """Training keeps no KV cache: ``use_cache=False`` on every config the model's modules hold.
+    With it on (HF's default), each attention of a plain call appends its keys and values to a
+    cache that lives until the forward returns: two extra hidden-sized activations per layer
+    that no training framework keeps (the Slapo recipes turn it off the same way,
+    :func:`slapo.model_schedule.common.disable_kv_cache`); every mode trains without it."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", False):
+            config.use_cache = False
+
+
 def prepare_hf_model(request: RunnerRequest) -> nn.Module:
-    """The HF model of a mode that trains it: built from the config unless given, HF gradient
+    """The HF model of a mode that trains it: built from the config unless given, without a KV
+    cache (:func:`without_kv_cache`), HF gradient
     checkpointing for a baseline with ``ckpt``, cast to a low ``dtype`` unless the runtime keeps
     fp32 master weights of the fp32 model (:attr:`~end2end.spec.modes.Mode.master_weights`) and
     no pipeline stage is traced from it."""
     model = request.model_or_config
     if not isinstance(model, nn.Module):
         model = hf_model_from_config(config_of(model), request.seed)
+    without_kv_cache(model)
     ckpt = request.ckpt
     if request.mode.ckpt == "hf" and ckpt and ckpt != "0":
         model.gradient_checkpointing_enable()
