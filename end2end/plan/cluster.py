@@ -58,8 +58,9 @@ class Cluster:
     """One device's link inside a node, one way, times the profile's link efficiency."""
     network_bytes_s: float = 0.0
     """One node's network, one way, times the profile's link efficiency."""
-    gemm_efficiency: float = 1.0
-    """The fraction of the peak a large GEMM reaches (the profile's)."""
+    gemm_efficiency: dict = dataclasses.field(default_factory=dict)
+    """The fraction of the peak a large GEMM reaches, by torch dtype name (the profile's
+    :meth:`~end2end.simulate.cost.profiles.DeviceProfile.gemm_efficiency_of`; missing: 1)."""
     host_op_s: float = 0.0
     """Host seconds per eager op (the profile's; a phase takes at least its ops x this)."""
     calibration: str = ""
@@ -134,4 +135,5 @@ def parse_cluster(text: str, calibration: Optional[str] = None) -> Cluster:
                    profile.gpus_per_node, profile.allocator_overhead, profile.reserved_bytes,
                    profile.intra_node_bandwidth * profile.link_efficiency,
                    profile.inter_node_bandwidth * profile.link_efficiency,
-                   profile.gemm_efficiency, profile.host_op_s, calibration or "")
+                   {dtype: profile.gemm_efficiency_of(dtype) for dtype in profile.flops},
+                   profile.host_op_s, calibration or "")

@@ -68,7 +68,8 @@ def estimate_seconds(cand: Candidate, cluster: Cluster) -> Dict[str, float]:
     ``total``)."""
     spec = get_model_spec(cand.model)
     r = ckpt_fraction(cand.ckpt)
-    peak = cluster.peak_flops[DTYPES[cand.dtype]] * cluster.gemm_efficiency
+    dtype = DTYPES[cand.dtype]
+    peak = cluster.peak_flops[dtype] * cluster.gemm_efficiency.get(dtype, 1.0)
     tokens = cand.micro * max(cand.seq, 1) / cand.tp
     rate = peak * tokens / (tokens + 512)
     flops = cand.batch * train_flops_per_sample(cand.model, cand.seq, cand.dec)

@@ -5,10 +5,11 @@ Per kernel a roofline, ``max(FLOPs / (peak(dtype) x efficiency), bytes / (HBM x
 memory_efficiency)) + kernel_overhead``, where the efficiency depends on the kernel:
 
 * **GEMMs** (``mm``, ``addmm``, ``bmm``, ``baddbmm``: the recorder keeps their ``batch x M x N x
-  K``): the profile's ``gemm_efficiency`` (the best-shaped large GEMM's measured fraction of the
-  peak) times the *tile and wave quantisation* of NVIDIA's "Matrix Multiplication Background"
-  guide (docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication): the
-  output is computed in tiles of ``Mt x Nt`` (cuBLAS's typical tiles: 256x128, 128x256,
+  K``): the large-GEMM efficiency of the op's dtype (the best-shaped large GEMM's measured
+  fraction of the peak, ``DeviceProfile.gemm_efficiency_of``) times the *tile and wave
+  quantisation* of NVIDIA's "Matrix Multiplication Background" guide
+  (docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication): the output
+  is computed in tiles of ``Mt x Nt`` (cuBLAS's typical tiles: 256x128, 128x256,
   128x128, 128x64, 64x128, 64x64), one tile per SM at a time, so a GEMM takes
   ``ceil(tiles / SMs)`` waves of full tiles. The useful fraction is ``B M N / (waves x SMs x
   Mt x Nt)``; the tile with the largest fraction is taken (cuBLAS's heuristics choose among
@@ -16,7 +17,7 @@ memory_efficiency)) + kernel_overhead``, where the efficiency depends on the ker
   1024 x 640 on 108 SMs ~93 %; a 128 x 128 x 64 attention GEMM per head far less.
 * **fused attention** (``_scaled_dot_product_flash_attention``, ``..._efficient_attention`` and
   their backwards): the profile's ``attention_efficiency`` of the kernel kind.
-* any other op with FLOPs (convolutions): ``gemm_efficiency``.
+* any other op with FLOPs (convolutions): the ``gemm_efficiency`` of its dtype.
 
 Views and allocations (``empty``, ``empty_like``, ``empty_strided``, ``new_empty``,
 ``new_empty_strided``: the caching allocator hands out memory, no kernel runs; PyTorch's
@@ -92,7 +93,7 @@ def kernel_efficiency(op: OpRecord, profile) -> float:
     kind = ATTENTION_KINDS.get(op.name)
     if kind is not None and kind in profile.attention_efficiency:
         return profile.attention_efficiency[kind]
-    return profile.gemm_efficiency * tile_utilisation(op.shape, profile.sm_count)
+    return profile.gemm_efficiency_of(op.dtype) * tile_utilisation(op.shape, profile.sm_count)
 
 
 def kernel_seconds(op: OpRecord, profile) -> float:

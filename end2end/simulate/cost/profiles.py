@@ -8,6 +8,9 @@ published training run (the validation set judges the model, it never tunes it).
 * ``gemm_efficiency``: the fraction of the dense peak the best-shaped large GEMM reaches (the
   measured "maximum achievable matmul FLOPS"); a GEMM of another shape loses more to tile and
   wave quantisation (:mod:`end2end.simulate.cost.gpu_model`, over ``sm_count`` SMs);
+  ``fp32_gemm_efficiency`` the same for a dtype the tensor cores do not take (its peak is the
+  fp32 one: fp32 everywhere, bf16 on a V100), where a measurement of its own exists (0: as
+  ``gemm_efficiency``); :meth:`DeviceProfile.gemm_efficiency_of` picks one by dtype;
 * ``attention_efficiency``: the fraction of the peak the fused attention kernels reach
   (``flash``, ``efficient``; the ``math`` path is GEMMs and elementwise ops, timed as such);
 * ``memory_efficiency``: the fraction of the HBM bandwidth an elementwise kernel reaches;
@@ -67,6 +70,7 @@ class DeviceProfile:
     inter_node_bandwidth: float  # per node, one direction (all its NICs together)
     gpus_per_node: int = 8
     gemm_efficiency: float = 0.7
+    fp32_gemm_efficiency: float = 0.0  # 0: as gemm_efficiency
     memory_efficiency: float = 0.8
     kernel_overhead_s: float = 5e-6
     link_efficiency: float = 0.8
@@ -97,6 +101,13 @@ class DeviceProfile:
         """Peak FLOP/s of ``dtype`` (float32 for dtypes without a table entry)."""
         return self.flops.get(dtype, self.flops["float32"])
 
+    def gemm_efficiency_of(self, dtype: str) -> float:
+        """The large-GEMM efficiency of ``dtype``: ``fp32_gemm_efficiency`` where the dtype runs
+        at the fp32 peak (CUDA cores) and the profile has one, else ``gemm_efficiency``."""
+        if self.fp32_gemm_efficiency and self.rate(dtype) == self.flops["float32"]:
+            return self.fp32_gemm_efficiency
+        return self.gemm_efficiency
+
     @property
     def label(self) -> str:
         """The Device column of a simulated row."""
@@ -126,6 +137,13 @@ _FA2_H100 = "Shah et al. 2024, FlashAttention-3 (arXiv 2407.08608), abstract: Fl
     "(PyTorch's flash SDPA kernel) reaches only 35 % utilization on the H100; efficient: " \
     "A100's efficient/flash ratio (0.33 / 0.6, " + _FA2 + ") applied to it, " \
     "0.35 x 0.55 = 0.19, assumed (no published H100 measurement of it found)"
+_MARKIDIS = "Markidis et al. 2018, NVIDIA Tensor Core Programmability, Performance & " \
+    "Precision (IPDPSW 2018, doi:10.1109/IPDPSW.2018.00091), abstract: " \
+    "cuBLAS GEMM on a Tesla V100's Tensor Cores reaches up to 83 TFLOP/s in mixed precision, " \
+    "'seven times' the single-precision performance"
+_V100_GEMM = _MARKIDIS + ": 83 of 125 TFLOP/s = 66.4 % (fp16 on Tensor Cores)"
+_V100_SGEMM = _MARKIDIS + ": 83 / 7 = 11.9 of 15.7 TFLOP/s = 75.5 % (fp32, and bf16, which " \
+    "a V100 runs at the fp32 rate; 'seven times' is the paper's rounding)"
 _NCCL = "NVIDIA/nccl src/graph/tuning.cc of a NCCL 2.x release (latencies of its Ring/Simple " \
     "protocol: baseLat 8.4 us per call, hwLat 5.7 us per step on NVLink, 6.6 us on the network)"
 _ASSUMED = "assumed (no published measurement found); judged by the validation set, never fitted"
@@ -133,14 +151,15 @@ _ASSUMED = "assumed (no published measurement found); judged by the validation s
 SOURCES: Dict[str, Dict[str, str]] = {
     "v100-32gb": dict(
         device=_V100 + "; AWS p3dn.24xlarge: 8 x V100-SXM2 32 GB, 100 Gb/s EFA per node",
-        gemm_efficiency="A100's measured 86.9 % (" + _MAMF + "; no V100 row): " + _ASSUMED,
+        gemm_efficiency=_V100_GEMM, fp32_gemm_efficiency=_V100_SGEMM,
         attention_efficiency="efficient: " + _FA2 + "; flash: not eligible on sm70 (" + _SDPA
         + ")", memory_efficiency=_ASSUMED, kernel_overhead_s=_ASSUMED, host_op_s=_ASSUMED,
         link_efficiency=_ASSUMED, alpha_s=_ASSUMED),
     "v100-32gb-dgx2": dict(
         device=_V100 + "; NVIDIA DGX-2 datasheet: 16 x V100 32 GB on NVSwitch (each GPU its "
         "6 NVLinks, 150 GB/s per direction), 8 x 100 Gb/s InfiniBand EDR per node",
-        gemm_efficiency="as v100-32gb", attention_efficiency="as v100-32gb"),
+        gemm_efficiency="as v100-32gb", fp32_gemm_efficiency="as v100-32gb",
+        attention_efficiency="as v100-32gb"),
     "a100-40gb": dict(
         device=_A100 + "; NVIDIA DGX A100 datasheet: 8 GPUs on NVSwitch, 8 x 200 Gb/s HDR "
         "InfiniBand (ConnectX-6) for the compute network", gemm_efficiency=_MAMF
@@ -172,6 +191,8 @@ _HALF = ("float16", "bfloat16")
 #: (flash, efficient) attention efficiency on sm90: FlashAttention-2 at 35 % of the H100's peak
 #: (:data:`SOURCES`), the efficient kernel at A100's ratio to it
 HOPPER_ATTENTION = (0.35, 0.19)
+#: (Tensor Core, fp32) large-GEMM efficiency of a V100: Markidis et al. 2018 (:data:`SOURCES`)
+V100_GEMM = (83 / 125, 83 / 7 / 15.7)
 
 
 def _gpu(name, description, memory_gib, peak, bandwidth, sms, cc, gemm,
@@ -191,10 +212,11 @@ def _gpu(name, description, memory_gib, peak, bandwidth, sms, cc, gemm,
 
 PROFILES: Dict[str, DeviceProfile] = {p.name: p for p in (
     _gpu("v100-32gb", "p3dn.24xlarge: 8 x V100-SXM2 32 GB, NVLink, 100 Gb/s", 32, (15.7e12,
-         125e12), (900e9, 150e9, 12.5e9), 80, (7, 0), 0.869, bf16=False),
+         125e12), (900e9, 150e9, 12.5e9), 80, (7, 0), V100_GEMM[0], bf16=False,
+         fp32_gemm_efficiency=V100_GEMM[1]),
     _gpu("v100-32gb-dgx2", "DGX-2: 16 x V100-SXM3 32 GB, NVSwitch, 8 x 100 Gb/s IB", 32,
-         (15.7e12, 125e12), (900e9, 150e9, 100e9), 80, (7, 0), 0.869, bf16=False,
-         gpus_per_node=16),
+         (15.7e12, 125e12), (900e9, 150e9, 100e9), 80, (7, 0), V100_GEMM[0], bf16=False,
+         fp32_gemm_efficiency=V100_GEMM[1], gpus_per_node=16),
     _gpu("a100-40gb", "DGX A100: 8 x A100-SXM4 40 GB, NVSwitch, 8 x 200 Gb/s IB", 40,
          (19.5e12, 312e12), (1555e9, 300e9, 200e9), 108, (8, 0), 0.869),
     _gpu("a100-80gb", "DGX A100: 8 x A100-SXM4 80 GB, NVSwitch, 8 x 200 Gb/s IB", 80,

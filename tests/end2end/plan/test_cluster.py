@@ -14,6 +14,15 @@ def test_a_spec_gives_devices_nodes_and_the_profile_numbers():
     assert parse_cluster("v100-32gb:8x1").default_dtype() == "fp16"  # no bf16 tensor cores
 
 
+def test_the_estimate_takes_the_gemm_efficiency_of_the_dtype():
+    """A V100 reaches a different fraction of its fp32 peak than of its Tensor Core peak
+    (profiles.py SOURCES); the cluster keeps both and the estimate uses the run's."""
+    v100 = parse_cluster("v100-32gb:8x1")
+    assert v100.gemm_efficiency["float16"] == pytest.approx(83 / 125)
+    assert v100.gemm_efficiency["float32"] == pytest.approx(83 / 7 / 15.7)
+    assert parse_cluster("a100-80gb").gemm_efficiency["bfloat16"] == 0.869
+
+
 def test_a_profile_alone_is_one_node_of_its_size():
     c = parse_cluster("a100-40gb")
     assert (c.gpus_per_node, c.nodes) == (8, 1)

@@ -111,6 +111,21 @@ def test_gemm_efficiency_follows_tile_and_wave_quantisation():
     assert kernel_seconds(conv, V100) == pytest.approx(kernel_seconds(big, V100), rel=0.01)
 
 
+def test_v100_gemm_efficiency_is_per_dtype():
+    """A V100's large GEMM runs at Markidis et al.'s measured fraction of its own peak: 83 of
+    125 TFLOP/s on Tensor Cores (fp16), 83 / 7 of 15.7 on CUDA cores (fp32, and bf16, which a
+    V100 has no Tensor Core path for); other profiles have one efficiency for every dtype."""
+    big = _gemm(8192, 8192, 8192)
+    for dtype, peak, eff in (("float16", 125e12, 83 / 125), ("float32", 15.7e12, 83 / 7 / 15.7),
+                             ("bfloat16", 15.7e12, 83 / 7 / 15.7)):
+        op = dataclasses.replace(big, dtype=dtype)
+        per_flop = (kernel_seconds(op, V100) - V100.kernel_overhead_s) / op.flops
+        assert per_flop == pytest.approx(1 / (peak * eff), rel=0.01), dtype
+    a100 = PROFILES["a100-80gb"]
+    assert a100.gemm_efficiency_of("float32") == a100.gemm_efficiency_of("bfloat16") == 0.869
+    assert "Markidis" in SOURCES["v100-32gb"]["fp32_gemm_efficiency"]
+
+
 def test_fused_attention_runs_at_its_kernels_efficiency():
     a100 = PROFILES["a100-80gb"]
     flops = 10 ** 12
