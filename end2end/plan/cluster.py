@@ -51,7 +51,8 @@ class Cluster:
     profile_gpus_per_node: int
     """The node size the simulator's network model assumes (the profile's)."""
     allocator_overhead: float = 0.0
-    """The simulator's allocator overhead on top of the peak (``sim-oom`` judges with it)."""
+    """The simulator's allocator overhead on top of the peak (``sim-oom`` judges with it): the
+    profile's, none with expandable segments (:mod:`end2end.simulate.cost.allocator`)."""
     reserved_bytes: float = 0.0
     """Memory the simulator reserves beyond the allocator (CUDA context, workspaces)."""
     nvlink_bytes_s: float = 0.0
@@ -108,6 +109,7 @@ class Cluster:
 def parse_cluster(text: str, calibration: Optional[str] = None) -> Cluster:
     """The :class:`Cluster` of ``PROFILE:GPUSxNODES`` (module docstring); ``calibration``: the
     ``cpu`` profile's measurement file (default: the simulator's cache)."""
+    from end2end.simulate.cost.allocator import fragmentation
     from end2end.simulate.profiles import get_profile
 
     names = profile_names()
@@ -132,7 +134,7 @@ def parse_cluster(text: str, calibration: Optional[str] = None) -> Cluster:
                            call="end2end.plan", hint="both counts must be at least 1, e.g. "
                            f"{name}:8x4")
     return Cluster(name, gpus, nodes, float(profile.memory_bytes), dict(profile.flops),
-                   profile.gpus_per_node, profile.allocator_overhead, profile.reserved_bytes,
+                   profile.gpus_per_node, fragmentation(profile), profile.reserved_bytes,
                    profile.intra_node_bandwidth * profile.link_efficiency,
                    profile.inter_node_bandwidth * profile.link_efficiency,
                    {dtype: profile.gemm_efficiency_of(dtype) for dtype in profile.flops},

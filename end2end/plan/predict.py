@@ -105,10 +105,12 @@ def simulate_cached(spec, cluster: Cluster, cache: Optional[Path], timeout: floa
                     ) -> Dict[str, Any]:
     """The simulator's row fields for ``spec`` (a RunSpec), from ``cache`` when present; adds
     ``_seconds`` (wall time, 0 when cached)."""
+    from end2end.simulate.cost.allocator import allocator_mode
     from end2end.simulate.engine.run import simulate_run
 
     key_text = json.dumps([json.loads(spec.to_json()) | {"source": ""}, cluster.profile,
-                           cluster.calibration, sources_hash()], sort_keys=True)
+                           cluster.calibration, sources_hash(), allocator_mode()],
+                          sort_keys=True)
     key = hashlib.sha256(key_text.encode()).hexdigest()
     path = cache / key[:2] / f"{key}.json" if cache else None
     if path is not None and path.is_file():

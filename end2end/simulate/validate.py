@@ -16,8 +16,10 @@ Published metrics become samples/s so: ``samples_per_s`` as is; ``tokens_per_s``
 (Narayanan et al. 2021: ``96 B s l h^2 (1 + s/6h + V/16lh)`` FLOPs per iteration, recomputation
 included); ``oom``: no throughput, the run did not fit. Published memory is compared with the
 predicted peak of live tensors plus the profile's allocator overhead (what the caching allocator
-holds), in GiB; a run fits when the predicted need (that plus the reserved context) is within
-the card's memory (``card_gib`` when the card differs from the profile, else the profile's).
+holds), in GiB; a run fits when the predicted need (the peak, the allocator's fragmentation under
+the configuration the published run was launched with, ``alloc_conf``, and the reserved context:
+:mod:`end2end.simulate.cost.allocator`) is within the card's memory (``card_gib`` when the card
+differs from the profile, else the profile's).
 """
 
 from __future__ import annotations
@@ -311,6 +313,7 @@ def _print_row(r: Dict[str, Any]) -> None:
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Simulate the selected points, print each beside its published numbers, then the
     summaries; ``--out``: the results file."""
+    from end2end.simulate.cost.allocator import configured
     from end2end.simulate.cost.profiles import get_profile
     from end2end.simulate.engine.run import simulate_run
 
@@ -324,7 +327,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         get_profile(p.device)  # an unknown profile: one line before anything runs
     began, rows = time.time(), []
     for p in points:
-        rows.append(compare(p, simulate_run(p.spec, p.device, "", args.timeout)))
+        with configured(p.info.get("alloc_conf", "")):
+            rows.append(compare(p, simulate_run(p.spec, p.device, "", args.timeout)))
         _print_row(rows[-1])
     for part in PARTS:
         print(summary_text(rows, part))

@@ -48,9 +48,14 @@ def simulate_in_process(spec, profile) -> Dict[str, Any]:
     return values
 
 
+#: what a ``sim-oom`` row's error adds by allocator mode (:mod:`~end2end.simulate.cost.allocator`)
+_EXPANDABLE = dict(default="", expandable=" (expandable segments)")
+
+
 def _values(spec, layout, results, profile) -> Dict[str, Any]:
     """The row's fields from the simulated ranks and the time model."""
     from end2end.models.flops import mfu, tflops_per_rank, train_flops_per_sample
+    from end2end.simulate.cost.allocator import allocator_mode, fragmentation, needed_bytes
     from end2end.simulate.cost.timing import overlapped_kinds, rank_seconds, step_seconds
 
     info = spec.mode_info
@@ -59,16 +64,17 @@ def _values(spec, layout, results, profile) -> Dict[str, Any]:
     per_rank = [rank_seconds(r.ops, r.collectives, profile, kinds, on_node) for r in results]
     step = step_seconds([t["total"] for t in per_rank], layout.pp, layout.num_microbatches)
     peak = max(r.memory["peak"] for r in results)
-    need = peak * (1 + profile.allocator_overhead) + profile.reserved_bytes
+    need = needed_bytes(peak, profile)
     thrpt = spec.batch_size / step
     flops = train_flops_per_sample(spec.model, spec.seq_len, spec.dec_seq_len)
     rate = profile.rate(spec.torch_dtype_name)
     status = "sim" if need <= profile.memory_bytes else "sim-oom"
     error = "" if status == "sim" else (
         f"predicted {need / 1e9:.1f} GB per rank (peak {peak / 1e9:.1f} GB + "
-        f"{profile.allocator_overhead:.0%} allocator overhead + "
+        f"{fragmentation(profile):.0%} allocator overhead{_EXPANDABLE[allocator_mode()]} + "
         f"{profile.reserved_bytes / 1e9:.1f} GB reserved) > {profile.memory_bytes / 1e9:.0f} GB")
     extra = dict(simulated=True, profile=profile.name, calibration=profile.provenance,
+                 allocator=allocator_mode(),
                  modelled=results[0].modelled,
                  extrapolated=results[0].extrapolated,
                  attention=_attention_text(results, profile),
