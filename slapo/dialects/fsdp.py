@@ -25,6 +25,12 @@ data-parallel ranks.
 * ``optimizer``: as for ``torch`` (factory ``fn(params)`` or an optimizer); default AdamW. It is
   created over the sharded (DTensor) parameters, after wrapping.
 
+* **Gradient all-reduces over TP** (``all_reduce_grads``; sequence parallelism's norms and
+  biases, Qwen3's q/k norms): FSDP2 replaces those parameters, so their gradient hooks are
+  re-registered on the parameters FSDP2 gathers for forward and backward; their gradients are
+  summed over the TP group inside backward, then reduce-scattered over the data-parallel
+  ranks. ``model.slapo_tp_reduced_params`` lists them.
+
 Pipeline cuts are refused (use ``torch`` or ``deepspeed``).
 """
 
@@ -37,7 +43,7 @@ from torch import nn
 
 from ..errors import BuildError
 from ..runtime.distributed import init_distributed
-from ..sharding.grad_all_reduce import GRAD_ALL_REDUCE_TAG
+from ..sharding.grad_all_reduce import GRAD_ALL_REDUCE_TAG, tag_for_grad_all_reduce
 from .common import (OptimizerArg, data_parallel_group, has_tp_shards, make_optimizer,
                      reject_pipeline_cuts, tp_ranks)
 from .registry import Dialect, register_dialect
@@ -116,19 +122,41 @@ def data_parallel_mesh(sch, model: nn.Module, device: torch.device):
     return init_device_mesh(device.type, (dist.get_world_size(),))
 
 
-def _reject_grad_hooks(model: nn.Module) -> None:
-    """FSDP2 replaces every parameter (DTensor shards, unsharded copies in forward), so the
-    gradient hooks of ``all_reduce_grads`` / ``mark_replicated`` (sequence parallelism, Qwen3's
-    q/k norms) would be lost and those gradients silently stay partial: refuse them."""
-    hooked = [n for n, p in model.named_parameters()
-              if getattr(p, GRAD_ALL_REDUCE_TAG, None) is not None]
-    if hooked:
-        raise BuildError(
-            f"{len(hooked)} parameter(s) have their gradients all-reduced over the "
-            f"tensor-parallel group by gradient hooks (e.g. '{hooked[0]}'; all_reduce_grads, "
-            "sequence parallelism), which FSDP2 drops when it replaces the parameters",
-            call=_CALL, hint="build with target='torch', 'deepspeed' or 'megatron', or "
-            "schedule without sequence_parallel / all_reduce_grads")
+class _ReattachGradHook:
+    """Forward pre-hook of a module that owns a parameter tagged for a gradient all-reduce
+    over the tensor-parallel group (``all_reduce_grads``, sequence parallelism's norms and
+    biases, Qwen3's q/k norms).
+
+    FSDP2 replaces the tagged parameter by a DTensor shard, and, for every forward and
+    backward, by an unsharded parameter it gathers (one object, kept across steps), so the
+    hook registered on the original is lost. Running after FSDP2's own pre-forward (which puts
+    the unsharded parameter on the module), this registers the same all-reduce on the
+    unsharded parameter, once: each gradient contribution is summed over the TP group inside
+    backward, before FSDP2 accumulates it and reduce-scatters it over the data-parallel
+    ranks (the two reductions are over different ranks, so neither needs the other's).
+    Gradients are complete after backward, and gradient accumulation stays right."""
+
+    def __init__(self, name: str, group: Any):
+        self.name, self.group = name, group
+
+    def __call__(self, module: nn.Module, args: Any) -> None:
+        param = module._parameters.get(self.name)
+        if param is not None and not hasattr(param, "to_local"):  # gathered, not a shard
+            tag_for_grad_all_reduce(param, self.group)
+
+
+def _keep_grad_hooks(model: nn.Module) -> List[str]:
+    """Give every module owning a tagged parameter a :class:`_ReattachGradHook` (call before
+    ``fully_shard``: it reads the tags FSDP2 drops; FSDP2's pre-forward is prepended, so it
+    still runs first). Returns the tagged parameters' paths."""
+    tagged = []
+    for mod_path, mod in model.named_modules():
+        for name, param in mod._parameters.items():
+            hook = getattr(param, GRAD_ALL_REDUCE_TAG, None) if param is not None else None
+            if hook is not None:
+                mod.register_forward_pre_hook(_ReattachGradHook(name, hook.group))
+                tagged.append(f"{mod_path}.{name}" if mod_path else name)
+    return tagged
 
 
 @register_dialect
@@ -147,13 +175,13 @@ class FSDPDialect(Dialect):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         reject_pipeline_cuts(sch, self.name)
-        _reject_grad_hooks(model)
         if mixed_precision is not None and not isinstance(mixed_precision, torch.dtype):
             raise BuildError(f"mixed_precision must be a torch dtype, got {mixed_precision!r}",
                              call=_CALL, hint="e.g. mixed_precision=torch.bfloat16")
         env = init_distributed()
         model.to(env.device)
         units = layer_units(model, layers)
+        tp_reduced = _keep_grad_hooks(model)  # before fully_shard drops the tags
         if mesh is None:
             mesh = data_parallel_mesh(sch, model, env.device)
         kw: dict = dict(mesh=mesh, reshard_after_forward=reshard_after_forward)
@@ -167,5 +195,6 @@ class FSDPDialect(Dialect):
             fully_shard(model.get_submodule(path),
                         **{**kw, "reshard_after_forward": reshard_after_forward and not last})
         fully_shard(model, **kw)
+        model.slapo_tp_reduced_params = tp_reduced
         model.slapo_fsdp_units = units  # what was wrapped, for tests and explain
         return model, make_optimizer(model, optimizer)

@@ -16,7 +16,7 @@ Parameters used on a sequence chunk (norm weights, row-parallel biases, embeddin
 scatter) get only their chunk's gradient on each rank: :func:`mark_replicated` tags them
 ``replicated_param=True`` (an ``annotate``) and calls the ``all_reduce_grads`` primitive on them,
 whose gradient hooks sum each gradient over the TP group *inside backward*: the training loop
-needs no call (runtimes: torch, deepspeed, megatron; fsdp refuses them). Parameters a user tags
+needs no call (runtimes: torch, deepspeed, megatron, fsdp). Parameters a user tags
 by hand with ``annotate(name, "replicated_param", True)`` get no hook: for those (only) call
 :func:`reduce_replicated_grads` after backward; it skips every parameter whose hook already
 reduces it, so calling it on a ``mark_replicated`` model is harmless. Dropout on sequence chunks
