@@ -18,7 +18,7 @@ from end2end.spec.modes import get_mode
 from end2end.spec.runspec import SELECTIVE_CKPT
 
 __all__ = ["ckpt_choices", "ckpt_fraction", "checkpointed_share", "activation_sbh",
-           "holds_at_least"]
+           "holds_at_least", "holds_at_least_knobs"]
 
 #: Megatron's ``selective`` recomputes the attention core only (Korthikanti et al. 2022, §4.2):
 #: a small share of a layer's forward FLOPs at the planner's sequence lengths, counted as 0.1
@@ -51,17 +51,29 @@ def checkpointed_share(ckpt: str) -> float:
     return 1.0 if ckpt in SELECTIVE_CKPT else ckpt_fraction(ckpt)
 
 
-def activation_sbh(ckpt: str, tp: int) -> float:
+def activation_sbh(ckpt: str, tp: int, sequence_parallel: bool = False) -> float:
     """A layer's activations kept for the backward pass, in units of ``s x b x h`` bytes at two
     bytes an element (Korthikanti et al. 2022, Eq. 1 without the attention scores that fused
     attention does not keep: ``10 + 24 / TP`` for a layer kept whole, 2 for a checkpointed
     layer's input; a ratio ``r`` mixes the two). ``op`` keeps the layer's input (2), the
     attention output (2 / TP) and every second matmul's output: of a GPT layer's QKV (6 / TP),
-    projection (2), FC1 (8 / TP) and FC2 (2), about half, ``2 + 6 / TP``."""
+    projection (2), FC1 (8 / TP) and FC2 (2), about half, ``2 + 6 / TP``. Sequence
+    parallelism splits the terms not divided by TP as well (their Eq. 4: ``34 / TP``)."""
+    if sequence_parallel:
+        return activation_sbh(ckpt, 1) / tp
     if ckpt in SELECTIVE_CKPT:
         return 2 + 2 / tp + 2 + 6 / tp
     r = ckpt_fraction(ckpt)
     return r * 2 + (1 - r) * (10 + 24 / tp)
+
+
+def holds_at_least_knobs(a: str, b: str) -> bool:
+    """Whether a run with the recipe knobs ``a`` keeps at least the activations of one with
+    ``b``, all else equal: the same knobs, or ``b`` sequence parallel and ``a`` not."""
+    sp_a, sp_b = ("sequence_parallel=True" in k.split(",") for k in (a, b))
+    rest_a, rest_b = ({x for x in k.split(",") if x and x != "sequence_parallel=True"}
+                      for k in (a, b))
+    return rest_a == rest_b and (sp_b or not sp_a)
 
 
 def holds_at_least(a: str, b: str) -> bool:

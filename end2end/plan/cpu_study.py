@@ -3,8 +3,9 @@ CPU (issue 40, item 4; docs/planning.md, "On this CPU, measured").
 
 1. MODEL is planned (simulation only, :func:`end2end.plan.plan`) on ``--cluster cpu:Rx1`` with
    the ``cpu`` profile of ``--calibration FILE``, for each ``--global-batch``, within the
-   ``--modes``, ``--ckpt``, ``--tp``, ``--pp`` and ``--accumulation`` given
-   (:class:`end2end.plan.limits.SpaceLimits`) and the per-rank memory cap ``--memory-gb`` (a
+   ``--modes``, ``--ckpt``, ``--tp``, ``--pp``, ``--accumulation`` and ``--knobs`` given
+   (:class:`end2end.plan.limits.SpaceLimits`; ``--knobs`` defaults to the recipes' defaults,
+   as the committed studies ran) and the per-rank memory cap ``--memory-gb`` (a
    prediction above it is ``sim-oom``); the rankings are merged (predicted to fit first, by
    predicted samples/s) into ``DIR/planned.jsonl``, and the ``--top`` best predicted to fit are
    the planner's picks.
@@ -41,6 +42,8 @@ __all__ = ["build_parser", "main", "DEFAULT_CALIBRATION"]
 
 DEFAULT_CALIBRATION = REPO_ROOT / "docs" / "results" / "cpu_proof" / "cpu_profile.json"
 PROG = "end2end.plan.cpu_study"
+#: ``--knobs`` word for the recipe's defaults (no knob)
+DEFAULT_KNOBS = "default"
 log = get_logger(PROG)
 
 
@@ -71,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--accumulation", type=number(int, minimum=1), nargs="+", default=(),
                    metavar="A", help="micro-batches per replica and step searched (1: no "
                    "gradient accumulation; default: the planner's micro-batches)")
+    p.add_argument("--knobs", nargs="+", default=[DEFAULT_KNOBS], metavar="K",
+                   help="recipe knobs searched where a layout takes them, each a knob text or "
+                        f"'{DEFAULT_KNOBS}' (the recipe's defaults; the default, as the "
+                        "committed studies ran), e.g. --knobs default sequence_parallel=True")
     p.add_argument("--memory-gb", type=number(float, above=0), default=None, metavar="G",
                    help="memory cap per rank: predictions and measurements above it do not fit")
     how = p.add_mutually_exclusive_group()
@@ -112,6 +119,14 @@ def _cluster(args: argparse.Namespace):
     return cluster.with_budget(args.memory_gb)
 
 
+def _knob_texts(given: Sequence[str]) -> Tuple[str, ...]:
+    """``--knobs`` as canonical texts (``default``: ``""``)."""
+    from end2end.spec.knobs import format_knobs, parse_knobs
+
+    return tuple("" if k == DEFAULT_KNOBS else format_knobs(parse_knobs(k, "--knobs"))
+                 for k in given)
+
+
 def _options(args: argparse.Namespace):
     from end2end.plan.limits import SpaceLimits, accepted_ckpt
     from end2end.plan.search import SearchOptions
@@ -128,7 +143,7 @@ def _options(args: argparse.Namespace):
                               hint="ratios in [0, 1] or op (Slapo modes), selective/full "
                                    "(megatron), 0/1 (the other baselines)")
     limits = SpaceLimits(tuple(args.ckpt), tuple(args.tp), tuple(args.pp),
-                         tuple(args.accumulation))
+                         tuple(args.accumulation), _knob_texts(args.knobs))
     return SearchOptions(args.budget * 60, args.jobs, args.max_candidates,
                          Path(args.cache) if args.cache else None, args.timeout, modes,
                          progress=log.info, limits=limits)

@@ -22,7 +22,8 @@ Each term uses the cluster's peak, NVLink and network numbers from the simulator
 :func:`end2end.plan.rules.memory_lower_bound` plus activations of ``34 x s x b x h`` bytes in
 half precision per layer not checkpointed (Korthikanti et al. 2022, "Reducing Activation
 Recomputation in Large Transformer Models", without the attention scores that fused attention
-does not keep; 24 of the 34 split by TP), the input only for a checkpointed layer, what the
+does not keep; 24 of the 34 split by TP, all 34 under sequence parallelism), the input only
+for a checkpointed layer, what the
 ``op`` policy keeps (:func:`end2end.plan.ckpt.activation_sbh`), the
 micro-batches a pipeline stage keeps alive (all of them in the torch pipeline's GPipe order,
 ``min(M, PP)`` in DeepSpeed's 1F1B) and the fp32 logits. A candidate estimated not to fit is
@@ -114,7 +115,7 @@ def estimate_memory(cand: Candidate, cluster: Cluster) -> float:
     states = parameter_count(spec) * state_bytes_per_parameter(cand.mode, cand.dtype) / shards
     scale = DTYPE_BYTES[cand.dtype] / 2
     sbh = cand.micro * cand.seq * spec.hidden * scale
-    per_layer = activation_sbh(cand.ckpt, cand.tp) * sbh
+    per_layer = activation_sbh(cand.ckpt, cand.tp, cand.sequence_parallel) * sbh
     layers = (spec.layers + spec.decoder_layers) / cand.pp
     logits = cand.micro * cand.seq * spec.vocab * 4 / cand.tp
     peak = states + layers * per_layer * _in_flight(cand) + logits

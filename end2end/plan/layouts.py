@@ -4,14 +4,16 @@
 One tab-separated row per published training run whose layout its authors chose: the model in
 the project's syntax, the cluster as the planner reads it (``a100-80gb:8x4``), sequence, global
 batch, the dtype simulated, the project's closest mode, the published TP / PP / DP, micro-batch
-and recomputation (the mode's CKPT), what the source states, its throughput, where it is
+and recomputation (the mode's CKPT), the Slapo recipe's knobs the run needs (canonical text, as
+in a ``#@ knobs=`` pragma), what the source states, its throughput, where it is
 written, and what the project cannot express about the run. Lines starting with ``#`` are
 comments; the first other line is the header, exactly :data:`COLUMNS`.
 
 :func:`read_layouts` checks what a row says by itself: numbers, a known mode, dtype and metric, a
 cluster that parses, a model the project can build, ``TP x PP x DP`` = the cluster's GPUs, a
-global batch that DP x micro-batch divides, and for the modes that run the replica's whole batch
-at once (no gradient accumulation: not megatron, no pipeline) a micro-batch equal to it. A
+global batch that DP x micro-batch divides, knobs the mode's recipe takes (in canonical form),
+and for the modes that run the replica's whole batch at once (no gradient accumulation: not
+megatron, no pipeline) a micro-batch equal to it. A
 mistake is one line naming the file, the line and the row's id (:class:`LayoutTableError`).
 Whether the driver runs the layout (a CKPT the mode takes, stages that divide the layers) is
 found when the row is compared, and a refusal is that row's result, not a parse error.
@@ -35,8 +37,8 @@ __all__ = ["COLUMNS", "METRICS", "DEFAULT_TABLE", "LayoutTableError", "Published
 
 DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "docs/results/plan/published_layouts.tsv"
 COLUMNS = ("id", "model", "cluster", "seq", "global_batch", "dtype", "mode", "tp", "pp", "dp",
-           "micro", "ckpt", "published_layout", "published_metric", "published_value", "source",
-           "location", "version", "cannot_express")
+           "micro", "ckpt", "knobs", "published_layout", "published_metric", "published_value",
+           "source", "location", "version", "cannot_express")
 METRICS = ("tokens_per_s_per_gpu", "tokens_per_s", "megatron_tflops_per_gpu", "none")
 _INTS = ("seq", "global_batch", "tp", "pp", "dp", "micro")
 
@@ -61,6 +63,7 @@ class PublishedLayout:
     dp: int
     micro: int
     ckpt: str
+    knobs: str
     published_layout: str
     published_metric: str
     published_value: Optional[float]
@@ -79,7 +82,7 @@ class PublishedLayout:
         resolved it to, e.g. with more positions)."""
         return Candidate(mode=self.mode, model=model or self.model, n=self.gpus, seq=self.seq,
                          dec=0, batch=self.global_batch, ckpt=self.ckpt, dtype=self.dtype,
-                         tp=self.tp, pp=self.pp, micro=self.micro)
+                         tp=self.tp, pp=self.pp, micro=self.micro, knobs=self.knobs)
 
     def measured_samples_s(self) -> Optional[float]:
         """The published throughput as samples/s of the whole job (``None`` without one);
@@ -143,6 +146,17 @@ def _check(row: PublishedLayout, where: str) -> None:
         get_model_spec(row.model)
     except SlapoError as exc:
         raise _error(where, exc.what, exc.hint or "") from None
+    if row.knobs:
+        from end2end.spec.knobs import check_run_knobs, format_knobs, parse_knobs
+
+        try:
+            check_run_knobs(row.mode, get_model_spec(row.model).schedule, row.knobs, "knobs")
+            canonical = format_knobs(parse_knobs(row.knobs, "knobs"))
+        except SlapoError as exc:
+            raise _error(where, exc.what, exc.hint or "") from None
+        if canonical != row.knobs:
+            raise _error(where, f"knobs {row.knobs!r} are not in canonical form",
+                         hint=f"write {canonical!r}")
     if row.gpus != cluster.gpus:
         raise _error(where, f"tp {row.tp} x pp {row.pp} x dp {row.dp} = {row.gpus} GPUs, but "
                      f"{row.cluster} has {cluster.gpus}")

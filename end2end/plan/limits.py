@@ -1,5 +1,5 @@
-"""Limits on the planner's space: the CKPT values, TP and PP sizes and gradient-accumulation
-steps to search instead of the planner's own choices.
+"""Limits on the planner's space: the CKPT values, TP and PP sizes, gradient-accumulation
+steps and recipe knobs to search instead of the planner's own choices.
 
 A study that compares the planner with a measured grid needs the planner to search that grid:
 Figure 10's is one layout (``slapo-megatron`` TP 2, no gradient accumulation) over batch x
@@ -46,12 +46,20 @@ def accepted_ckpt(mode: str, value: str, vision: bool = False) -> Optional[str]:
 class SpaceLimits:
     """What to search (module docstring): CKPT values (each where the mode takes it), TP and PP
     sizes, gradient-accumulation steps (micro-batches per replica and step; 1: the replica's
-    whole batch at once). Empty: the planner's own choices."""
+    whole batch at once), recipe-knob texts (``""``: the recipe's defaults). Empty: the
+    planner's own choices."""
 
     ckpt: Tuple[str, ...] = ()
     tp: Tuple[int, ...] = ()
     pp: Tuple[int, ...] = ()
     accumulation: Tuple[int, ...] = ()
+    knobs: Tuple[str, ...] = ()
+
+    def knob_texts(self, planned: Sequence[str]) -> Tuple[str, ...]:
+        """The knob texts tried for one layout: the planner's (``planned``: what the layout
+        allows, :func:`end2end.plan.space.knob_choices`) that are among the given ones."""
+        return tuple(planned) if not self.knobs else tuple(k for k in planned
+                                                           if k in self.knobs)
 
     def ckpts(self, mode: str, planned: Sequence[str], vision: bool) -> Tuple[str, ...]:
         """The CKPT values tried for ``mode``: the given ones it takes, else ``planned`` (the

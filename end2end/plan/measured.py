@@ -69,7 +69,7 @@ class Measured:
 def candidate_key(cand: Candidate) -> Tuple:
     """The results-file key of ``cand``'s run, without the round (``ResultRow.key[:-1]``)."""
     return run_key(cand.mode, cand.model, cand.seq, cand.dec, cand.n, cand.batch, cand.ckpt,
-                   cand.tp, cand.pp)[:-1]
+                   cand.tp, cand.pp, cand.knobs)[:-1]
 
 
 def grid_parts(grid: Sequence[Candidate]) -> List[List[Candidate]]:

@@ -103,14 +103,14 @@ def simulate_layout(cand: Candidate, cluster, options: SearchOptions, folder: Pa
 
 
 def _key(c: Candidate) -> tuple:
-    return (c.mode, c.tp, c.pp, c.micro, c.ckpt)
+    return (c.mode, c.tp, c.pp, c.micro, c.ckpt, c.knobs)
 
 
 _NOT_SIMULATED = {
     "in space, not simulated": "the planner did not simulate the published layout (its budget "
                                "or --max-candidates)",
     "not in space": "the published layout is not in the planner's space (its micro-batches, "
-                    "CKPT values and modes: docs/planning.md)"}
+                    "CKPT values, knobs and modes: docs/planning.md)"}
 
 
 def _in_space(cand: Candidate, result: PlanResult) -> str:
@@ -124,7 +124,7 @@ def _in_space(cand: Candidate, result: PlanResult) -> str:
 def _layout_changes(pub: Candidate, best: Candidate) -> str:
     pairs = [("mode", pub.mode, best.mode), ("tp", pub.tp, best.tp), ("pp", pub.pp, best.pp),
              ("dp", pub.dp, best.dp), ("micro", pub.micro, best.micro),
-             ("ckpt", pub.ckpt, best.ckpt)]
+             ("ckpt", pub.ckpt, best.ckpt), ("knobs", pub.knobs or "-", best.knobs or "-")]
     return ", ".join(f"{k} {a} -> {b}" for k, a, b in pairs if a != b)
 
 

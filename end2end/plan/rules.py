@@ -18,7 +18,8 @@ count ``P`` (:func:`parameter_count`, embeddings counted once) and the run's dty
   and by DP as well under ZeRO-3 and FSDP (``deepspeed``, ``slapo-deepspeed`` without a
   pipeline, ``fsdp``, ``slapo-fsdp``); DDP and megatron's optimizer replicate over DP;
 * activations: at least every layer's input of one micro-batch (``micro x seq x hidden`` in
-  the dtype) per layer of the stage, twice that for a layer that is not checkpointed.
+  the dtype) per layer of the stage, twice that for a layer that is not checkpointed; a TP-th
+  of that under sequence parallelism (each TP rank holds its sequence chunk).
 
 The bound x (1 + the profile's allocator overhead) + its reserved bytes, as the simulator
 judges ``sim-oom``, above the device's memory prunes the candidate. Being a lower bound it
@@ -79,14 +80,15 @@ def shards_states_over_dp(mode: str, pp: int) -> bool:
 
 
 def memory_lower_bound(spec: ModelSpec, mode: str, dtype: str, tp: int, pp: int, dp: int,
-                       micro: int, seq: int, ckpt_ratio: float) -> float:
+                       micro: int, seq: int, ckpt_ratio: float,
+                       sequence_parallel: bool = False) -> float:
     """The bytes a rank holds at least (module docstring)."""
     shards = tp * pp * (dp if shards_states_over_dp(mode, pp) else 1)
     states = parameter_count(spec) * state_bytes_per_parameter(mode, dtype) / shards
     if spec.is_vision:
         return states
     layers = (spec.layers + spec.decoder_layers) / pp
-    per_layer = micro * seq * spec.hidden * DTYPE_BYTES[dtype]
+    per_layer = micro * seq * spec.hidden * DTYPE_BYTES[dtype] / (tp if sequence_parallel else 1)
     return states + layers * per_layer * (ckpt_ratio + 2 * (1 - ckpt_ratio))
 
 

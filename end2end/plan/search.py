@@ -16,7 +16,8 @@ order within a time budget, and ranked again by the simulator's predictions.
    ``max_candidates`` are simulated; a candidate whose simulation would overrun ``budget_s``
    (guessed from those before it, per pipeline stage) is left out. A candidate
    predicted out of memory prunes, unsimulated, every candidate of its mode and layout that
-   holds as much or more: the same or a larger micro-batch and no more recomputation; while
+   holds as much or more: the same or a larger micro-batch, no more recomputation and no
+   sequence parallelism where the OOM had it; while
    no candidate of its mode fits yet, the mode's next candidate moves up to just after the
    other modes' first candidates still queued;
 4. the simulated candidates ranked: those predicted to fit, by predicted samples/s.
@@ -44,7 +45,7 @@ from end2end.plan.limits import NO_LIMITS, SpaceLimits
 from end2end.plan.predict import (REDUCE_ABOVE, Prediction, predict, reduced_models,
                                   simulate_cached)
 from end2end.plan.shapes import with_size
-from end2end.plan.ckpt import holds_at_least
+from end2end.plan.ckpt import holds_at_least, holds_at_least_knobs
 from end2end.plan.space import PLANNED_MODES, Candidate, Space, enumerate_space
 
 __all__ = ["Evaluated", "PlanResult", "SearchOptions", "plan", "PER_MODE_FIRST", "DEFAULT_CACHE",
@@ -134,7 +135,8 @@ def _queue(items: List[Evaluated], capacity: float) -> List[Evaluated]:
 
 def _dominated_by_oom(cand: Candidate, oom: Candidate) -> bool:
     return (cand.mode, cand.tp, cand.pp) == (oom.mode, oom.tp, oom.pp) \
-        and cand.micro >= oom.micro and holds_at_least(cand.ckpt, oom.ckpt)
+        and cand.micro >= oom.micro and holds_at_least(cand.ckpt, oom.ckpt) \
+        and holds_at_least_knobs(cand.knobs, oom.knobs)
 
 
 def _next_of_mode_first(queue: List[Evaluated], mode: str, done: List[Evaluated],

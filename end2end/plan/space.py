@@ -13,7 +13,11 @@ modes :mod:`end2end.spec.modes` says what each accepts):
   replica's batch; the global batch = DP x micro x accumulation;
 * CKPT: ``0, 0.5, op, 1`` (Slapo modes' ratio, and ``op``: every layer checkpointed
   selectively; not on vision models), ``0, selective, full`` (megatron), ``0, 1`` (HF gradient
-  checkpointing) (:mod:`end2end.plan.ckpt`).
+  checkpointing) (:mod:`end2end.plan.ckpt`);
+* the recipe's knobs (:func:`knob_choices`): ``sequence_parallel=True`` and the default, for
+  a Slapo mode with TP > 1 and no pipeline whose recipe declares sequence parallelism
+  (:func:`slapo.model_schedule.supports_sequence_parallel`). The other knobs keep the
+  recipe's defaults, which are its fast choices (fused kernels, flash attention).
 
 Each point is checked by :mod:`end2end.plan.rules` (divisibility, memory lower bound) and then
 by the driver's own checks (``make_run_spec``, ``run_layout``): :func:`enumerate_space` returns
@@ -36,7 +40,7 @@ from end2end.plan.limits import NO_LIMITS, SpaceLimits
 from end2end.plan.rules import divisibility_problem, memory_lower_bound, mode_problem
 from end2end.spec.modes import get_mode
 
-__all__ = ["PLANNED_MODES", "Candidate", "Space", "enumerate_space"]
+__all__ = ["PLANNED_MODES", "Candidate", "Space", "enumerate_space", "knob_choices"]
 
 #: The modes the planner searches: the Slapo modes first, then their baselines.
 PLANNED_MODES = ("slapo", "slapo-megatron", "slapo-deepspeed", "slapo-fsdp",
@@ -59,6 +63,7 @@ class Candidate:
     tp: int
     pp: int
     micro: int
+    knobs: str = ""  # the recipe's knobs, canonical text (end2end.spec.knobs.format_knobs)
 
     @property
     def dp(self) -> int:
@@ -82,7 +87,12 @@ class Candidate:
     def pragma(self) -> str:
         """The ``#@`` line of the run's options."""
         text = f"#@ dtype={self.dtype} tp={self.tp} pp={self.pp}"
-        return text + (f" micro_batch={self.micro}" if self.gives_micro else "")
+        text += f" micro_batch={self.micro}" if self.gives_micro else ""
+        return text + (f" knobs={self.knobs}" if self.knobs else "")  # knobs= takes the rest
+
+    @property
+    def sequence_parallel(self) -> bool:
+        return "sequence_parallel=True" in self.knobs.split(",")
 
     @property
     def config_line(self) -> str:
@@ -97,9 +107,9 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """A short name: ``slapo-megatron tp8 pp1 dp4 mb2 ckpt=0.5``."""
+        """A short name: ``slapo-megatron tp8 pp1 dp4 mb2 ckpt=0.5`` (`` [knobs]`` after)."""
         return (f"{self.mode} tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro} "
-                f"ckpt={self.ckpt}")
+                f"ckpt={self.ckpt}" + (f" [{self.knobs}]" if self.knobs else ""))
 
     def run_spec(self, model: str = ""):
         """The driver's validated :class:`RunSpec` (``model``: another name, e.g. the
@@ -110,7 +120,8 @@ class Candidate:
         spec = make_run_spec(self.mode, model or self.model, self.n, self.seq, self.dec,
                              self.batch, self.ckpt, source="end2end.plan", dtype=self.dtype,
                              tp=self.tp, pp=self.pp,
-                             micro_batch=self.micro if self.gives_micro else None)
+                             micro_batch=self.micro if self.gives_micro else None,
+                             knobs=self.knobs or None)
         run_layout(spec)
         return spec
 
@@ -155,6 +166,19 @@ def _micros(mode: str, pp: int, local: int) -> List[int]:
     return out
 
 
+def knob_choices(spec: ModelSpec, mode: str, tp: int, pp: int) -> Tuple[str, ...]:
+    """The recipe-knob texts searched for one (mode, TP, PP) (module docstring): sequence
+    parallelism first (it holds a TP-th of the activations the default holds between the TP
+    regions, for the same communication volume: Korthikanti et al. 2022, §4.2.2), then the
+    default."""
+    from slapo.model_schedule import supports_sequence_parallel
+
+    if get_mode(mode).slapo and tp > 1 and pp == 1 and spec.schedule != "auto" \
+            and supports_sequence_parallel(spec.schedule):
+        return ("sequence_parallel=True", "")
+    return ("",)
+
+
 def _prune(space: Space, rule: str, reason: str, count: int = 1) -> None:
     space.pruned[rule] += count
     space.examples.setdefault(rule, reason)
@@ -162,7 +186,7 @@ def _prune(space: Space, rule: str, reason: str, count: int = 1) -> None:
 
 def _add_layout(space: Space, spec: ModelSpec, cluster: Cluster, base: dict,
                 limits: SpaceLimits = NO_LIMITS) -> None:
-    """The micro-batch and CKPT points of one (mode, TP, PP), memory-checked."""
+    """The micro-batch, CKPT and knob points of one (mode, TP, PP), memory-checked."""
     mode, tp, pp = base["mode"], base["tp"], base["pp"]
     dp = cluster.gpus // (tp * pp)
     ckpts = limits.ckpts(mode, ckpt_choices(mode, spec.is_vision), spec.is_vision)
@@ -172,22 +196,25 @@ def _add_layout(space: Space, spec: ModelSpec, cluster: Cluster, base: dict,
         return
     local = base["batch"] // dp
     batching = get_mode(mode).framework == "megatron" or pp > 1
-    for micro in limits.micros(_micros(mode, pp, local), local, batching):
-        for ckpt in ckpts:
-            cand = Candidate(ckpt=ckpt, micro=micro, n=cluster.gpus, **base)
-            need = memory_lower_bound(spec, mode, cand.dtype, tp, pp, dp, micro, cand.seq,
-                                      checkpointed_share(ckpt))
-            need = need * (1 + cluster.allocator_overhead) + cluster.reserved_bytes
-            if need > cluster.capacity_bytes:
-                _prune(space, "memory", f"{cand.label}: at least {need / 1e9:.1f} GB per rank "
-                       f"> {cluster.capacity_bytes / 1e9:.1f} GB")
-                continue
-            try:
-                cand.run_spec()
-            except SlapoError as exc:
-                _prune(space, "driver", f"{cand.label}: {' '.join(str(exc).split())}")
-                continue
-            space.candidates.append(cand)
+    points = [(micro, ckpt, knobs)
+              for micro in limits.micros(_micros(mode, pp, local), local, batching)
+              for ckpt in ckpts
+              for knobs in limits.knob_texts(knob_choices(spec, mode, tp, pp))]
+    for micro, ckpt, knobs in points:
+        cand = Candidate(ckpt=ckpt, micro=micro, n=cluster.gpus, knobs=knobs, **base)
+        need = memory_lower_bound(spec, mode, cand.dtype, tp, pp, dp, micro, cand.seq,
+                                  checkpointed_share(ckpt), cand.sequence_parallel)
+        need = need * (1 + cluster.allocator_overhead) + cluster.reserved_bytes
+        if need > cluster.capacity_bytes:
+            _prune(space, "memory", f"{cand.label}: at least {need / 1e9:.1f} GB per rank "
+                   f"> {cluster.capacity_bytes / 1e9:.1f} GB")
+            continue
+        try:
+            cand.run_spec()
+        except SlapoError as exc:
+            _prune(space, "driver", f"{cand.label}: {' '.join(str(exc).split())}")
+            continue
+        space.candidates.append(cand)
 
 
 def enumerate_space(model: str, cluster: Cluster, seq: int, batch: int, dtype: str,

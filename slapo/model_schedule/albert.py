@@ -28,7 +28,7 @@ PLAN = C.LayerPlan(attn="attention", column=("ffn",), row="ffn_output")
 def schedule_albert(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                     example_inputs: Any = None) -> None:
     """ALBERT; see the module docs."""
-    mode = C.tp_mode(sch, cfg, "albert", sp_supported=False)
+    mode = C.tp_mode(sch, cfg, "albert")
     p = C.backbone(sch, cfg, "encoder.albert_layer_groups", ("albert", ""), "albert")
     encoder = C.join(p, "encoder")
     layers = [f"{g}.albert_layers.{i}"

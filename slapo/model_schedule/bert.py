@@ -30,7 +30,7 @@ def schedule_bert_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fa
                        fuse_bias_gelu: Any = False, fuse_bias_dropout_ln: Any = False,
                        example_inputs: Any = None) -> None:
     """The BERT recipe (RoBERTa shares it; only the prefix and head paths differ)."""
-    mode = C.tp_mode(sch, cfg, family, sp_supported=False)
+    mode = C.tp_mode(sch, cfg, family)
     p = C.backbone(sch, cfg, "encoder.layer", ("bert", "roberta", ""), family)
     causal = bool(getattr(sch.mod.config, "is_decoder", False))
     if causal:

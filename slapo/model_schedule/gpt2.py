@@ -26,7 +26,7 @@ def schedule_gpt_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fam
                       attn: str, fuse_bias_gelu: Any = False,
                       example_inputs: Any = None) -> None:
     """The GPT-2 recipe; GPT-Neo differs only in the attention's sub-path."""
-    mode = C.tp_mode(sch, cfg, family, sp_supported=True)
+    mode = C.tp_mode(sch, cfg, family)
     C.disable_kv_cache(sch, model_config)
     p = C.backbone(sch, cfg, "h", ("transformer", ""), family)
     layers = C.layer_paths(sch, C.join(p, "h"))
@@ -42,13 +42,15 @@ def schedule_gpt_like(sch: Schedule, model_config: Any, cfg: ScheduleConfig, fam
     C.cut_pipeline(sch, cfg, [layers], family, example_inputs)
 
 
-@register_model_schedule("gpt2", extra_knobs=("fuse_bias_gelu", "example_inputs"))
+@register_model_schedule("gpt2", extra_knobs=("fuse_bias_gelu", "example_inputs"),
+                         sequence_parallel=True)
 def schedule_gpt2(sch: Schedule, model_config: Any, cfg: ScheduleConfig, **extra: Any) -> None:
     """GPT-2; see the module docs."""
     schedule_gpt_like(sch, model_config, cfg, "gpt2", "attn", **extra)
 
 
-@register_model_schedule("gpt_neo", extra_knobs=("fuse_bias_gelu", "example_inputs"))
+@register_model_schedule("gpt_neo", extra_knobs=("fuse_bias_gelu", "example_inputs"),
+                         sequence_parallel=True)
 def schedule_gpt_neo(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                      **extra: Any) -> None:
     """GPT-Neo: the GPT-2 recipe with the attention at ``attn.attention``."""

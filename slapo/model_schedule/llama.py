@@ -25,11 +25,11 @@ PLAN = C.LayerPlan(attn="self_attn", column=("mlp.gate_proj", "mlp.up_proj"),
                    norms=("input_layernorm", "post_attention_layernorm"))
 
 
-@register_model_schedule("llama", extra_knobs=("example_inputs",))
+@register_model_schedule("llama", extra_knobs=("example_inputs",), sequence_parallel=True)
 def schedule_llama(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                    example_inputs: Any = None) -> None:
     """LLaMA; see the module docs."""
-    mode = C.tp_mode(sch, cfg, "llama", sp_supported=True)
+    mode = C.tp_mode(sch, cfg, "llama")
     C.disable_kv_cache(sch, model_config)
     p = C.backbone(sch, cfg, "layers", ("model", ""), "llama")
     layers = C.layer_paths(sch, C.join(p, "layers"))

@@ -22,7 +22,7 @@ PLAN = C.LayerPlan(attn="self_attn", column=("fc1",), row="fc2")
 def schedule_opt(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                    example_inputs: Any = None) -> None:
     """OPT; see the module docs."""
-    mode = C.tp_mode(sch, cfg, "opt", sp_supported=False)
+    mode = C.tp_mode(sch, cfg, "opt")
     C.disable_kv_cache(sch, model_config)
     p = C.backbone(sch, cfg, "layers", ("model.decoder", "decoder", ""), "opt")
     layers = C.layer_paths(sch, C.join(p, "layers"))

@@ -3,7 +3,9 @@
 A model schedule is a short recipe ``recipe(sch, model_config, cfg, **extra) -> None`` that
 applies primitives to a freshly created schedule. Recipes are registered explicitly with
 ``@register_model_schedule("bert", extra_knobs=(...))`` and imported in
-``slapo/model_schedule/__init__.py``.
+``slapo/model_schedule/__init__.py``; ``sequence_parallel=True`` declares that the recipe takes
+the ``sequence_parallel`` knob with tensor parallelism on every model of its family (what a
+planner may search without building the model: :func:`supports_sequence_parallel`).
 """
 
 from __future__ import annotations
@@ -18,26 +20,29 @@ from ..schedule import Schedule, create_schedule
 from .config import ScheduleConfig, make_config
 
 __all__ = ["register_model_schedule", "apply_schedule", "list_model_schedules", "list_knobs",
-           "check_knobs"]
+           "check_knobs", "supports_sequence_parallel"]
 
 
 @dataclasses.dataclass(frozen=True)
 class _Entry:
     recipe: Callable[..., None]
     extra_knobs: Tuple[str, ...]
+    sequence_parallel: bool = False
 
 
 _SCHEDULES: Dict[str, _Entry] = {}
 
 
-def register_model_schedule(name: str, extra_knobs: Sequence[str] = ()):
-    """Decorator registering ``recipe`` under ``name`` (with its family-specific knobs)."""
+def register_model_schedule(name: str, extra_knobs: Sequence[str] = (),
+                            sequence_parallel: bool = False):
+    """Decorator registering ``recipe`` under ``name`` (with its family-specific knobs, and
+    whether every model of the family takes ``sequence_parallel=True``)."""
 
     def deco(recipe: Callable[..., None]) -> Callable[..., None]:
         if name in _SCHEDULES and _SCHEDULES[name].recipe is not recipe:
             raise RegistryError(f"a model schedule named '{name}' is already registered",
                                 hint="choose another name")
-        _SCHEDULES[name] = _Entry(recipe, tuple(extra_knobs))
+        _SCHEDULES[name] = _Entry(recipe, tuple(extra_knobs), sequence_parallel)
         return recipe
 
     return deco
@@ -53,6 +58,12 @@ def _entry(name: str) -> _Entry:
         raise ConfigError(f"no model schedule named {name!r}", call="apply_schedule",
                           hint=f"registered: {', '.join(list_model_schedules()) or 'none'}")
     return _SCHEDULES[name]
+
+
+def supports_sequence_parallel(name: str) -> bool:
+    """Whether the recipe ``name`` declares sequence parallelism for every model it schedules
+    (``auto`` decides per model, so it does not)."""
+    return _entry(name).sequence_parallel
 
 
 def list_knobs(name: str) -> List[str]:

@@ -37,7 +37,7 @@ def _plan(sch: Schedule, block: str, ff: int) -> C.LayerPlan:
 def schedule_t5(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                 example_inputs: Any = None) -> None:
     """T5; see the module docs."""
-    mode = C.tp_mode(sch, cfg, "t5", sp_supported=False)
+    mode = C.tp_mode(sch, cfg, "t5")
     C.disable_kv_cache(sch, model_config)
     p = C.backbone(sch, cfg, "encoder.block", ("",), "t5")
     stacks: List[List[str]] = []

@@ -97,7 +97,7 @@ def schedule_wideresnet(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
         raise ConfigError(f"ckpt_policy {cfg.ckpt_policy!r} is not supported by the WideResNet "
                           "schedule", call="apply_schedule", hint="a convolutional network has "
                           "no matmuls or attention to keep: use ckpt_ratio alone")
-    mode = C.tp_mode(sch, cfg, "wideresnet", sp_supported=False)
+    mode = C.tp_mode(sch, cfg, "wideresnet")
     p = C.backbone(sch, cfg, "layer1", ("model", ""), "wideresnet")
     if fuse_conv_bn:
         check_eval_mode(sch)

@@ -14,7 +14,8 @@ import torch
 import slapo
 from slapo.errors import ConfigError
 from slapo.runtime.forward_wrap import has_forward_wrapper
-from slapo.model_schedule import apply_schedule, checkpoint_layer_ids, list_model_schedules
+from slapo.model_schedule import (apply_schedule, checkpoint_layer_ids, list_model_schedules,
+                                  supports_sequence_parallel)
 from slapo.op import SelfAttention
 from slapo.sharding import get_shard_spec
 from slapo.testing import example_inputs, run_distributed, tiny_model
@@ -34,6 +35,22 @@ def _one_thread():
 
 def test_all_families_registered():
     assert set(FAMILIES) <= set(list_model_schedules())
+
+
+def test_declared_sequence_parallelism_is_what_each_recipe_takes():
+    """``supports_sequence_parallel`` (what the planner searches without building) says for
+    each recipe whether it takes ``sequence_parallel=True``: the declared ones schedule a tiny
+    model with it (TP 2 runs are in test_tp2_matches_reference), the others refuse it."""
+    declared = {f for f in FAMILIES if supports_sequence_parallel(f)}
+    assert declared == {"gpt2", "gpt_neo", "llama"}
+    assert not supports_sequence_parallel("auto")  # decided per model
+    for family in FAMILIES:
+        model = wideresnet() if family == "wideresnet" else tiny_model(family)
+        if family in declared:
+            apply_schedule(model, family, sequence_parallel=True)
+        else:
+            with pytest.raises(ConfigError, match="sequence_parallel is not supported"):
+                apply_schedule(model, family, sequence_parallel=True)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

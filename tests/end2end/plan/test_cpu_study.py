@@ -46,12 +46,17 @@ def test_the_limits_give_the_figure_10_space_and_the_cap_prunes():
 def test_candidates_that_differ_only_in_micro_batch_go_to_different_parts():
     cluster = parse_cluster("cpu:2x1", str(DEFAULT_CALIBRATION))
     grid = enumerate_space("tiny/llama", cluster, 32, 8, "fp32", modes=("slapo-megatron",),
-                           limits=SpaceLimits(ckpt=("0",), tp=(2,))).candidates
+                           limits=SpaceLimits(ckpt=("0",), tp=(2,), knobs=("",))).candidates
     assert sorted(c.micro for c in grid) == [1, 2, 4, 8]  # one results key, four runs
     parts = grid_parts(grid)
     assert [len(p) for p in parts] == [1, 1, 1, 1]
     for part in parts:
         assert len({candidate_key(c) for c in part}) == len(part)
+    # with the recipe's sequence parallelism too: two keys (the knobs are part of it)
+    both = enumerate_space("tiny/llama", cluster, 32, 8, "fp32", modes=("slapo-megatron",),
+                           limits=SpaceLimits(ckpt=("0",), tp=(2,))).candidates
+    assert sorted(c.knobs for c in both) == [""] * 4 + ["sequence_parallel=True"] * 4
+    assert [len(p) for p in grid_parts(both)] == [2, 2, 2, 2]
 
 
 def test_a_tiny_study_is_measured_for_real_and_its_report_follows_from_the_rows(tmp_path):

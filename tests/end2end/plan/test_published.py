@@ -15,7 +15,7 @@ from end2end.plan.published import RESULT_COLUMNS, WITHIN, main, why_different
 
 ROOT = Path(__file__).resolve().parents[3]
 TINY = dict(id="tiny", model="tiny/llama", cluster="h100-80gb:2x1", seq="64", global_batch="4",
-            dtype="bf16", mode="slapo", tp="2", pp="1", dp="1", micro="4", ckpt="0",
+            dtype="bf16", mode="slapo", tp="2", pp="1", dp="1", micro="4", ckpt="0", knobs="",
             published_layout="TP 2 on two GPUs", published_metric="tokens_per_s",
             published_value="1000", source="a test", location="here", version="-",
             cannot_express="-")
@@ -57,10 +57,17 @@ def test_a_tiny_row_reads_as_its_candidate():
     ({"published_metric": "none"}, r"published_value '1000' does not go with metric 'none'"),
     ({"dtype": "fp8"}, r"t\.tsv:3 \(tiny\): dtype 'fp8' is unknown"),
     ({"model": "llama:colour=3"}, r"t\.tsv:3 \(tiny\): .*colour"),
+    ({"knobs": "sequence_paralel=True"}, r"t\.tsv:3 \(tiny\): .*sequence_paralel.*did you mean"),
+    ({"knobs": "sequence_parallel=True", "mode": "fsdp"}, r"t\.tsv:3 \(tiny\): .*Slapo modes"),
+    ({"knobs": "vocab_parallel_loss=True,sequence_parallel=True"},
+     r"not in canonical form.*'sequence_parallel=True,vocab_parallel_loss=True'"),
+    ({"knobs": "sequence_parallel=True"}, None),
 ])
 def test_a_malformed_row_is_one_line_naming_the_row(change, message):
     if message is None:
-        assert parse_layouts(_table(change), "t.tsv")[0].global_batch == 6
+        row = parse_layouts(_table(change), "t.tsv")[0]
+        assert row.global_batch == int(change.get("global_batch", 4))
+        assert row.candidate().knobs == change.get("knobs", "")
         return
     with pytest.raises(LayoutTableError, match=message) as err:
         parse_layouts(_table(change), "t.tsv")
@@ -70,7 +77,7 @@ def test_a_malformed_row_is_one_line_naming_the_row(change, message):
 def test_a_table_with_a_wrong_header_a_short_row_or_a_repeated_id_is_refused():
     with pytest.raises(LayoutTableError, match=r"t\.tsv:1: the header is not"):
         parse_layouts("id\tmodel\n", "t.tsv")
-    with pytest.raises(LayoutTableError, match=r"t\.tsv:3 \(tiny\): 18 tab-separated fields"):
+    with pytest.raises(LayoutTableError, match=r"t\.tsv:3 \(tiny\): 19 tab-separated fields"):
         parse_layouts(_table({}).replace("\t-\n", "\n"), "t.tsv")
     with pytest.raises(LayoutTableError, match=r"t\.tsv:4 \(tiny\): the id is used twice"):
         parse_layouts(_table({}, {}), "t.tsv")

@@ -170,3 +170,41 @@ def test_an_oom_at_op_prunes_ratio_0_but_not_0_5():
     fsdp = [c for c in space.candidates if c.mode == "slapo-fsdp" and c.tp == 1]
     oom = next(c for c in fsdp if c.ckpt == "op")
     assert {c.ckpt for c in fsdp if _dominated_by_oom(c, oom)} == {"0", "op"}
+
+
+def test_sequence_parallel_is_searched_where_the_recipe_and_layout_take_it():
+    """The recipe's knob (issue 40, item 1): every Slapo candidate with TP > 1 and no pipeline
+    of a recipe that declares sequence parallelism comes with and without it, the knob last in
+    the pragma and in the run spec; nowhere else (baselines, TP 1, pipelines, BERT)."""
+    cluster = parse_cluster("h100-80gb:4x1")
+    space = enumerate_space("tiny/llama", cluster, 64, 16, "bf16")
+    sp = [c for c in space.candidates if c.knobs]
+    assert sp and {c.knobs for c in sp} == {"sequence_parallel=True"}
+    assert all(c.is_slapo and c.tp > 1 and c.pp == 1 for c in sp)
+    plain = {(c.mode, c.tp, c.micro, c.ckpt) for c in space.candidates
+             if not c.knobs and c.is_slapo and c.tp > 1 and c.pp == 1}
+    assert plain == {(c.mode, c.tp, c.micro, c.ckpt) for c in sp}
+    cand = sp[0]
+    assert cand.pragma.endswith(" knobs=sequence_parallel=True") and "[sequence_par" in cand.label
+    assert cand.run_spec().knobs == "sequence_parallel=True" and cand.sequence_parallel
+    bert = enumerate_space("tiny/bert", cluster, 64, 16, "bf16")
+    assert not [c for c in bert.candidates if c.knobs]
+
+
+def test_sequence_parallel_divides_the_activations_in_the_bounds_and_estimates():
+    from dataclasses import replace
+
+    spec = get_model_spec("llama-7b")
+    whole, split = (memory_lower_bound(spec, "slapo-fsdp", "bf16", 8, 1, 4, 2, 4096, 1.0, sp)
+                    for sp in (False, True))
+    states = parameter_count(spec) * 16 / (8 * 4)  # TP 8 x FSDP 4
+    assert (split - states) == pytest.approx((whole - states) / 8, rel=1e-3)
+    cluster = parse_cluster("h100-80gb:8x4")
+    cand = next(c for c in enumerate_space("llama-7b", cluster, 2048, 32, "bf16",
+                                           modes=("slapo-fsdp",)).candidates
+                if c.tp == 8 and not c.knobs)
+    with_sp = replace(cand, knobs="sequence_parallel=True")
+    assert estimate_memory(with_sp, cluster) < estimate_memory(cand, cluster)
+    assert estimate_seconds(with_sp, cluster) == estimate_seconds(cand, cluster)
+    # an OOM with sequence parallelism prunes the same layout without it, not the reverse
+    assert _dominated_by_oom(cand, with_sp) and not _dominated_by_oom(with_sp, cand)
