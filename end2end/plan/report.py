@@ -48,15 +48,17 @@ def _margin(e: Evaluated, r: PlanResult) -> float:
 
 
 def table_lines(r: PlanResult, top: int) -> List[str]:
-    """The ranked table (fitting candidates, then the others, ``top`` rows)."""
-    head = (f"{'#':>3} {'mode':<16}{'TP':>3}{'PP':>3}{'DP':>4}{'MB':>4} {'ckpt':<9}"
+    """The ranked table (fitting candidates, then the others, ``top`` rows; ``SP``: the
+    recipe's sequence parallelism, the only knob the planner searches)."""
+    head = (f"{'#':>3} {'mode':<16}{'TP':>3}{'PP':>3}{'DP':>4}{'MB':>4} {'ckpt':<9}{'SP':<3}"
             f"{'samples/s':>10}{'tok/s/GPU':>11}{'MFU':>7}{'GB/rank':>9}{'margin':>8}  "
             "status   dominant cost")
     out = [head, "-" * len(head)]
     for i, e in enumerate(r.ranked[:top], start=1):
         c, p = e.candidate, e.prediction
         assert p is not None
-        out.append(f"{i:>3} {c.mode:<16}{c.tp:>3}{c.pp:>3}{c.dp:>4}{c.micro:>4} {c.ckpt:<9}"
+        sp = "y" if c.sequence_parallel else "-"
+        out.append(f"{i:>3} {c.mode:<16}{c.tp:>3}{c.pp:>3}{c.dp:>4}{c.micro:>4} {c.ckpt:<9}{sp:<3}"
                    f"{p.samples_per_s:>10.4g}{_tokens_per_gpu(e):>11.4g}{p.mfu:>7.1%}"
                    f"{p.memory_gb:>9.3g}{_margin(e, r):>8.3g}  {p.status:<8} {_dominant(e)}"
                    + (f" ({p.error[:60]})" if p.status not in ("sim", "sim-oom") else ""))
@@ -140,7 +142,7 @@ def explain_lines(r: PlanResult, index: int) -> List[str]:
 def json_rows(r: PlanResult) -> List[Dict[str, Any]]:
     """One object per simulated candidate, best first, with the results file's column names
     (``Impl Model Seq DecSeq nGPU Batch Ckpt Thrpt PerGPUMem MFU StepTime Status Error Device
-    TP PP DP Dtype``) and the planner's own (``MicroBatch``, ``TokensPerGPU``, ``NeededGB``,
+    TP PP DP Dtype Knobs``) and the planner's own (``MicroBatch``, ``TokensPerGPU``, ``NeededGB``,
     ``MarginGB``, ``Phases``, ``Extrapolated``, ``Rank``, ``line``)."""
     rows = []
     for rank, e in enumerate(r.ranked, start=1):
@@ -151,7 +153,7 @@ def json_rows(r: PlanResult) -> List[Dict[str, Any]]:
             Batch=c.batch, Ckpt=c.ckpt, Thrpt=p.samples_per_s, PerGPUMem=p.memory_gb,
             MFU=p.mfu, StepTime=p.step_time, Status=p.status, Error=p.error,
             Device=f"{r.cluster.profile} (predicted)", TP=c.tp, PP=c.pp, DP=c.dp,
-            Dtype=c.dtype, MicroBatch=c.micro, TokensPerGPU=_tokens_per_gpu(e),
+            Dtype=c.dtype, Knobs=c.knobs, MicroBatch=c.micro, TokensPerGPU=_tokens_per_gpu(e),
             NeededGB=p.needed_gb, MarginGB=_margin(e, r), Phases=p.phases,
             Extrapolated=list(p.depths), Cluster=r.cluster.text, line=c.line))
     return rows
