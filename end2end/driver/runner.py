@@ -20,6 +20,7 @@ from torch import nn
 
 import slapo
 from slapo.runtime.distributed import teardown
+from slapo.errors import ConfigError
 
 from end2end.spec.modes import Mode, get_mode
 
@@ -117,6 +118,7 @@ class RunnerRequest:
     tensor_parallel: int
     pipeline_parallel: int
     env: Any
+    lean_loss: bool = False  # the baseline knob (end2end.spec.knobs.BASELINE_KNOBS)
 
     @property
     def low_precision(self) -> bool:
@@ -199,16 +201,38 @@ def without_kv_cache(model: nn.Module) -> None:
             config.use_cache = False
 
 
+def with_lean_loss(model: nn.Module) -> nn.Module:
+    """``model``'s loss computed by slapo's memory-lean cross-entropy (the baseline knob
+    ``lean_loss=True``): a HF causal LM's ``loss_function`` replaced, the same loss and
+    gradients without a full-vocabulary fp32 tensor (:mod:`slapo.op.cross_entropy`).
+
+    Raises:
+        ConfigError: the model is not a HF causal LM (its loss shifts the labels)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from slapo.op.cross_entropy import WHOLE_VOCAB, VocabParallelCausalLMLoss
+
+    if type(model).__name__ not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        raise ConfigError(f"lean_loss=True replaces a causal LM's loss; {type(model).__name__} "
+                          "is not one", call="lean_loss",
+                          hint="drop the knob for this model")
+    model.loss_function = VocabParallelCausalLMLoss(WHOLE_VOCAB, lean=True)
+    return model
+
+
 def prepare_hf_model(request: RunnerRequest) -> nn.Module:
     """The HF model of a mode that trains it: built from the config unless given, without a KV
     cache (:func:`without_kv_cache`), HF gradient
-    checkpointing for a baseline with ``ckpt``, cast to a low ``dtype`` unless the runtime keeps
+    checkpointing for a baseline with ``ckpt``, the memory-lean loss where the run asks for it
+    (:func:`with_lean_loss`), cast to a low ``dtype`` unless the runtime keeps
     fp32 master weights of the fp32 model (:attr:`~end2end.spec.modes.Mode.master_weights`) and
     no pipeline stage is traced from it."""
     model = request.model_or_config
     if not isinstance(model, nn.Module):
         model = hf_model_from_config(config_of(model), request.seed)
     without_kv_cache(model)
+    if request.lean_loss:
+        with_lean_loss(model)
     ckpt = request.ckpt
     if request.mode.ckpt == "hf" and ckpt and ckpt != "0":
         model.gradient_checkpointing_enable()

@@ -10,6 +10,14 @@ distribution``), so no full-vocab tensor is ever built.
 Usable from schedules: shard the LM head on axis 0 (no ``all_gather`` after it) and compute the
 loss with :func:`vocab_parallel_cross_entropy`, or set ``model.loss_function =
 VocabParallelCausalLMLoss()`` on a HuggingFace causal LM.
+
+What it keeps for the backward pass: by default the fp32 softmax (``[tokens, V/p]``), as
+Megatron-LM's vocab-parallel cross-entropy does, and the forward and backward each build one or
+two more fp32 tensors of that size. ``lean=True`` keeps only the logits (already in memory, in
+their own dtype) and one log-sum-exp per token, and works through the vocabulary a block of
+rows at a time (:data:`LEAN_BLOCK_ELEMENTS` fp32 elements), writing the gradient straight into
+the logits' dtype: no full-vocabulary fp32 tensor exists, as in fused cross-entropy kernels
+(flash-attn's ``CrossEntropyLoss``, which llm-foundry trains MPT with). Same loss and gradient.
 """
 
 from __future__ import annotations
@@ -24,7 +32,90 @@ from ..errors import SlapoError
 from ..sharding.collectives import all_reduce, group_rank, group_size
 
 __all__ = ["vocab_parallel_cross_entropy", "VocabParallelCrossEntropy",
-           "VocabParallelCausalLMLoss", "VocabParallelMaskedLMLoss"]
+           "VocabParallelCausalLMLoss", "VocabParallelMaskedLMLoss", "LEAN_BLOCK_ELEMENTS",
+           "WHOLE_VOCAB"]
+
+
+class _WholeVocab:
+    """``group=WHOLE_VOCAB``: this rank holds the whole vocabulary (no collectives), also in a
+    distributed run (``group=None`` means the world)."""
+
+    def __repr__(self) -> str:
+        return "WHOLE_VOCAB"
+
+
+WHOLE_VOCAB: Any = _WholeVocab()
+
+
+def _size(group) -> int:
+    return 1 if group is WHOLE_VOCAB else group_size(group)
+
+
+def _rank(group) -> int:
+    return 0 if group is WHOLE_VOCAB else group_rank(group)
+
+
+def _all_reduce(x: torch.Tensor, group, op=None) -> torch.Tensor:
+    return x if group is WHOLE_VOCAB else all_reduce(x, group, op=op)
+
+#: fp32 elements of one block of rows in the ``lean`` cross-entropy (256 MiB): large enough
+#: that a block is a few big kernels, small beside a full-vocabulary tensor
+LEAN_BLOCK_ELEMENTS = 1 << 26
+
+
+def _blocks(rows: int, vocab: int):
+    step = max(1, LEAN_BLOCK_ELEMENTS // max(1, vocab))
+    return [slice(i, min(i + step, rows)) for i in range(0, rows, step)]
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
+class _LeanVocabParallelCE(torch.autograd.Function):
+    """:class:`_VocabParallelCE`'s loss and gradient, keeping the logits and a log-sum-exp per
+    row instead of the softmax (module docstring, ``lean``)."""
+
+    @staticmethod
+    def forward(ctx, logits, target, group, ignore_index, smoothing):
+        v_local = logits.shape[-1]
+        v_total = v_local * _size(group)
+        start = _rank(group) * v_local
+        blocks = _blocks(logits.shape[0], v_local)
+        # the row max is exact in the logits' dtype: no upcast copy needed for it
+        row_max = _all_reduce(_upcast(logits.max(dim=-1).values), group, op=dist.ReduceOp.MAX)
+        local_t = target - start
+        valid = target != ignore_index
+        mine = valid & (local_t >= 0) & (local_t < v_local)
+        local_t = local_t.clamp(0, v_local - 1)
+        target_logit = _upcast(logits.gather(-1, local_t.unsqueeze(-1)).squeeze(-1)) * mine
+        sum_exp = torch.cat([(_upcast(logits[b]) - row_max[b].unsqueeze(-1)).exp_().sum(dim=-1)
+                             for b in blocks])
+        sum_exp = _all_reduce(sum_exp, group)
+        log_z = row_max + sum_exp.log()
+        target_logit = _all_reduce(target_logit, group)
+        loss = log_z - target_logit
+        if smoothing > 0:
+            logit_sum = torch.cat([_upcast(logits[b]).sum(dim=-1) for b in blocks])
+            mean_logit = _all_reduce(logit_sum, group) / v_total
+            loss = (1 - smoothing) * loss + smoothing * (log_z - mean_logit)
+        ctx.save_for_backward(logits, log_z, local_t, mine, valid)
+        ctx.smoothing, ctx.v_total = smoothing, v_total
+        return loss * valid
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        logits, log_z, local_t, mine, valid = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        scale = grad_loss * valid
+        for b in _blocks(logits.shape[0], logits.shape[-1]):
+            block = (_upcast(logits[b]) - log_z[b].unsqueeze(-1)).exp_()  # softmax
+            rows = torch.arange(block.shape[0], device=block.device)
+            block[rows, local_t[b]] -= (1 - ctx.smoothing) * mine[b].to(block.dtype)
+            if ctx.smoothing > 0:
+                block -= ctx.smoothing / ctx.v_total
+            grad[b] = block.mul_(scale[b].unsqueeze(-1))
+        return grad, None, None, None, None
 
 
 class _VocabParallelCE(torch.autograd.Function):
@@ -34,21 +125,21 @@ class _VocabParallelCE(torch.autograd.Function):
     def forward(ctx, logits, target, group, ignore_index, smoothing):
         x = logits if logits.dtype == torch.float64 else logits.float()  # low precision up
         v_local = x.shape[-1]
-        v_total = v_local * group_size(group)
-        start = group_rank(group) * v_local
-        x = x - all_reduce(x.max(dim=-1).values, group, op=dist.ReduceOp.MAX).unsqueeze(-1)
+        v_total = v_local * _size(group)
+        start = _rank(group) * v_local
+        x = x - _all_reduce(x.max(dim=-1).values, group, op=dist.ReduceOp.MAX).unsqueeze(-1)
         local_t = target - start
         valid = target != ignore_index
         mine = valid & (local_t >= 0) & (local_t < v_local)
         local_t = local_t.clamp(0, v_local - 1)
         target_logit = x.gather(-1, local_t.unsqueeze(-1)).squeeze(-1) * mine
-        target_logit = all_reduce(target_logit, group)
+        target_logit = _all_reduce(target_logit, group)
         exp = x.exp()
-        sum_exp = all_reduce(exp.sum(dim=-1), group)
+        sum_exp = _all_reduce(exp.sum(dim=-1), group)
         log_z = sum_exp.log()
         loss = log_z - target_logit
         if smoothing > 0:
-            mean_logit = all_reduce(x.sum(dim=-1), group) / v_total
+            mean_logit = _all_reduce(x.sum(dim=-1), group) / v_total
             loss = (1 - smoothing) * loss + smoothing * (log_z - mean_logit)
         loss = loss * valid
         ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), local_t, mine, valid)
@@ -75,11 +166,14 @@ def vocab_parallel_cross_entropy(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    lean: bool = False,
 ) -> torch.Tensor:
     """Cross-entropy of ``logits`` (``[..., V/p]``, this rank's vocab chunk, rank order along
     the vocabulary) against global ``target`` ids (``[...]``); equals ``F.cross_entropy`` on the
     full logits. Targets equal to ``ignore_index`` contribute nothing (``mean`` averages over
-    the others). With one rank (or no process group) it is plain cross-entropy.
+    the others). With one rank (or no process group, or ``group=WHOLE_VOCAB``: logits of the
+    whole vocabulary on every rank) it is plain cross-entropy. ``lean``: keep no
+    full-vocabulary fp32 tensor (module docstring).
 
     Raises:
         SlapoError: shapes do not match, or an unknown ``reduction`` / bad ``label_smoothing``.
@@ -95,8 +189,9 @@ def vocab_parallel_cross_entropy(
     if not 0.0 <= label_smoothing < 1.0:
         raise SlapoError(f"label_smoothing must be in [0, 1), got {label_smoothing}", call=call,
                          hint="e.g. label_smoothing=0.1")
-    flat = _VocabParallelCE.apply(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                  group, ignore_index, float(label_smoothing))
+    op = _LeanVocabParallelCE if lean else _VocabParallelCE
+    flat = op.apply(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), group,
+                    ignore_index, float(label_smoothing))
     if reduction == "none":
         return flat.view(target.shape)
     if reduction == "sum":
@@ -108,15 +203,15 @@ class VocabParallelCrossEntropy(nn.Module):
     """Module form of :func:`vocab_parallel_cross_entropy`."""
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None, ignore_index: int = -100,
-                 label_smoothing: float = 0.0, reduction: str = "mean"):
+                 label_smoothing: float = 0.0, reduction: str = "mean", lean: bool = False):
         super().__init__()
         self.group, self.ignore_index = group, ignore_index
-        self.label_smoothing, self.reduction = label_smoothing, reduction
+        self.label_smoothing, self.reduction, self.lean = label_smoothing, reduction, lean
 
     def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return vocab_parallel_cross_entropy(
             logits, target, group=self.group, ignore_index=self.ignore_index,
-            label_smoothing=self.label_smoothing, reduction=self.reduction)
+            label_smoothing=self.label_smoothing, reduction=self.reduction, lean=self.lean)
 
 
 class VocabParallelCausalLMLoss:
@@ -124,12 +219,14 @@ class VocabParallelCausalLMLoss:
     vocab-parallel: ``model.loss_function = VocabParallelCausalLMLoss()``. Shifts the labels
     like HF's ``ForCausalLMLoss`` and ignores HF's (global) ``vocab_size`` argument. A tracing
     leaf (``_slapo_leaf``): a traced forward calls it as one node (its collectives and autograd
-    function cannot be traced; :mod:`slapo.trace.leaf_calls`)."""
+    function cannot be traced; :mod:`slapo.trace.leaf_calls`). ``lean``: the memory-lean
+    computation (module docstring); with ``group=WHOLE_VOCAB`` (logits of the whole vocabulary)
+    it is a memory-lean drop-in for HF's own loss."""
 
     _slapo_leaf = True
 
-    def __init__(self, group: Optional[dist.ProcessGroup] = None):
-        self.group = group
+    def __init__(self, group: Optional[dist.ProcessGroup] = None, lean: bool = False):
+        self.group, self.lean = group, lean
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor, vocab_size: int = 0,
                  num_items_in_batch: Optional[torch.Tensor] = None, ignore_index: int = -100,
@@ -140,7 +237,7 @@ class VocabParallelCausalLMLoss:
         reduction = "sum" if num_items_in_batch is not None else "mean"
         loss = vocab_parallel_cross_entropy(logits, shift_labels.to(logits.device),
                                             group=self.group, ignore_index=ignore_index,
-                                            reduction=reduction)
+                                            reduction=reduction, lean=self.lean)
         if num_items_in_batch is not None:
             loss = loss / num_items_in_batch
         return loss

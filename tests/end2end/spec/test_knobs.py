@@ -49,7 +49,10 @@ def test_config_pragma_sets_and_resets_knobs(tmp_path):
     ("#@ knobs=shard_embeding=False\nslapo tiny/bert 1 16 0 4 0",
      r"k.cfg:2: .*unknown knob.*did you mean 'shard_embedding'.*valid knobs: .*attn_kernel"),
     ("#@ knobs=shard_embedding=False\neager tiny/bert 1 16 0 4 0",
-     r"k.cfg:2: .*knobs apply to the Slapo modes only"),
+     r"k.cfg:2: .*'shard_embedding' is not a knob of the baseline 'eager'.*lean_loss"),
+    ("#@ knobs=lean_loss=True\nmegatron tiny/gpt2 1 16 0 4 0",
+     r"k.cfg:2: .*knobs apply to the Slapo modes and the baselines eager, fsdp, deepspeed"),
+    ("#@ knobs=lean_loss=1\nfsdp tiny/gpt2 1 16 0 4 0", r"k.cfg:2: .*lean_loss must be one of"),
     ("#@ knobs=ckpt_ratio=0.5\nslapo tiny/bert 1 16 0 4 0",
      r"k.cfg:2: .*'ckpt_ratio' is set by the driver.*CKPT field"),
     ("#@ knobs=fuse\nslapo tiny/bert 1 16 0 4 0", r"k.cfg:1: .*is not NAME=VALUE"),
@@ -135,4 +138,4 @@ def test_knobs_through_the_driver(tmp_path):
     assert "did you mean 'shard_embedding'" in typo.error and "valid knobs:" in typo.error
     assert driver.status == "fail" and "set by the driver" in driver.error
     assert syntax.status == "fail" and "NAME=VALUE" in syntax.error
-    assert eager.status == "fail" and "Slapo modes only" in eager.error
+    assert eager.status == "fail" and "not a knob of the baseline" in eager.error
