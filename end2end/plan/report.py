@@ -50,7 +50,7 @@ def _margin(e: Evaluated, r: PlanResult) -> float:
 def table_lines(r: PlanResult, top: int) -> List[str]:
     """The ranked table (fitting candidates, then the others, ``top`` rows; ``SP``: the
     recipe's sequence parallelism, the only knob the planner searches)."""
-    head = (f"{'#':>3} {'mode':<16}{'TP':>3}{'PP':>3}{'DP':>4}{'MB':>4} {'ckpt':<9}{'SP':<3}"
+    head = (f"{'#':>3} {'mode':<16}{'TP':>3}{'PP':>3}{'DP':>4}{'MB':>4} {'ckpt':<9} {'SP':<3}"
             f"{'samples/s':>10}{'tok/s/GPU':>11}{'MFU':>7}{'GB/rank':>9}{'margin':>8}  "
             "status   dominant cost")
     out = [head, "-" * len(head)]
@@ -58,7 +58,7 @@ def table_lines(r: PlanResult, top: int) -> List[str]:
         c, p = e.candidate, e.prediction
         assert p is not None
         sp = "y" if c.sequence_parallel else "-"
-        out.append(f"{i:>3} {c.mode:<16}{c.tp:>3}{c.pp:>3}{c.dp:>4}{c.micro:>4} {c.ckpt:<9}{sp:<3}"
+        out.append(f"{i:>3} {c.mode:<16}{c.tp:>3}{c.pp:>3}{c.dp:>4}{c.micro:>4} {c.ckpt:<9} {sp:<3}"
                    f"{p.samples_per_s:>10.4g}{_tokens_per_gpu(e):>11.4g}{p.mfu:>7.1%}"
                    f"{p.memory_gb:>9.3g}{_margin(e, r):>8.3g}  {p.status:<8} {_dominant(e)}"
                    + (f" ({p.error[:60]})" if p.status not in ("sim", "sim-oom") else ""))
