@@ -37,6 +37,7 @@ def build_runner(spec, layout, torch_dtype, device, builders: Optional[Any] = No
     from end2end.spec.knobs import parse_knobs
     from end2end.models import build_hf_config, build_model, get_model_spec, make_inputs
     from end2end.driver.pipeline_plan import deepspeed_pipeline_config, pipeline_knobs
+    from end2end.driver.runner import with_lean_loss
     from end2end.driver.runtimes import ModelSchedule, default_deepspeed_config, make_runner
 
     model_spec = get_model_spec(spec.model)
@@ -44,6 +45,8 @@ def build_runner(spec, layout, torch_dtype, device, builders: Optional[Any] = No
         target = build_hf_config(model_spec)
     else:  # built where it trains: initialising a 1B model on the host takes long
         target = build_model(model_spec, seed=0, device=device)
+        if not spec.is_slapo and parse_knobs(spec.knobs).get("lean_loss", False):
+            with_lean_loss(target)  # the baselines' knob (end2end.spec.knobs.BASELINE_KNOBS)
     schedule = None
     if spec.is_slapo:
         knobs: Dict[str, Any] = dict(parse_knobs(spec.knobs), ckpt_ratio=spec.ckpt_ratio or 0.0)
@@ -62,9 +65,7 @@ def build_runner(spec, layout, torch_dtype, device, builders: Optional[Any] = No
     return make_runner(spec.mode, target, schedule=schedule, ckpt=ckpt,
                        deepspeed_config=ds_config, num_microbatches=layout.num_microbatches,
                        seed=0, dtype=torch_dtype, tensor_parallel=layout.tp,
-                       pipeline_parallel=layout.pp, builders=builders,
-                       lean_loss=not spec.is_slapo and bool(parse_knobs(spec.knobs).get(
-                           "lean_loss", False)))
+                       pipeline_parallel=layout.pp, builders=builders)
 
 
 def rank_batch(spec, layout, rank: int, device, dtype):

@@ -118,7 +118,6 @@ class RunnerRequest:
     tensor_parallel: int
     pipeline_parallel: int
     env: Any
-    lean_loss: bool = False  # the baseline knob (end2end.spec.knobs.BASELINE_KNOBS)
 
     @property
     def low_precision(self) -> bool:
@@ -203,8 +202,9 @@ def without_kv_cache(model: nn.Module) -> None:
 
 def with_lean_loss(model: nn.Module) -> nn.Module:
     """``model``'s loss computed by slapo's memory-lean cross-entropy (the baseline knob
-    ``lean_loss=True``): a HF causal LM's ``loss_function`` replaced, the same loss and
-    gradients without a full-vocabulary fp32 tensor (:mod:`slapo.op.cross_entropy`).
+    ``lean_loss=True``, applied by :func:`end2end.driver.assemble.build_runner` to the model it
+    builds): a HF causal LM's ``loss_function`` replaced, the same loss and gradients without
+    a full-vocabulary fp32 tensor (:mod:`slapo.op.cross_entropy`).
 
     Raises:
         ConfigError: the model is not a HF causal LM (its loss shifts the labels)."""
@@ -223,16 +223,13 @@ def with_lean_loss(model: nn.Module) -> nn.Module:
 def prepare_hf_model(request: RunnerRequest) -> nn.Module:
     """The HF model of a mode that trains it: built from the config unless given, without a KV
     cache (:func:`without_kv_cache`), HF gradient
-    checkpointing for a baseline with ``ckpt``, the memory-lean loss where the run asks for it
-    (:func:`with_lean_loss`), cast to a low ``dtype`` unless the runtime keeps
+    checkpointing for a baseline with ``ckpt``, cast to a low ``dtype`` unless the runtime keeps
     fp32 master weights of the fp32 model (:attr:`~end2end.spec.modes.Mode.master_weights`) and
     no pipeline stage is traced from it."""
     model = request.model_or_config
     if not isinstance(model, nn.Module):
         model = hf_model_from_config(config_of(model), request.seed)
     without_kv_cache(model)
-    if request.lean_loss:
-        with_lean_loss(model)
     ckpt = request.ckpt
     if request.mode.ckpt == "hf" and ckpt and ckpt != "0":
         model.gradient_checkpointing_enable()

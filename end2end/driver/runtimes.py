@@ -85,7 +85,6 @@ def make_runner(
     tensor_parallel: Optional[int] = None,
     pipeline_parallel: int = 1,
     builders: Optional[Builders] = None,
-    lean_loss: bool = False,
 ) -> Runner:
     """Build ``mode``'s model on this rank (see the module docstring) with the builder the mode
     registered (:func:`builds`).
@@ -114,8 +113,6 @@ def make_runner(
             schedule must cut that many stages, see the module docstring).
         builders: the builder table to build with (default :func:`default_builders`); the
             simulator passes one whose ZeRO-3 and pipeline builders are its models.
-        lean_loss: the baselines' knob: the HF causal LM's loss by the memory-lean
-            cross-entropy (:func:`~end2end.driver.runner.with_lean_loss`).
 
     Raises:
         ConfigError: an unknown mode; pipeline stages in a mode without pipelines, or a
@@ -134,8 +131,7 @@ def make_runner(
     tp = tensor_parallel or (env.world_size // pipeline_parallel
                              if info.tp_default or pipeline_parallel > 1 else 1)
     request = RunnerRequest(info, model_or_config, schedule, ckpt, optimizer, deepspeed_config,
-                            num_microbatches, seed, dtype, tp, pipeline_parallel, env,
-                            lean_loss=lean_loss)
+                            num_microbatches, seed, dtype, tp, pipeline_parallel, env)
     table = builders or default_builders()
     if pipeline_parallel > 1:
         return table.pipeline(request, scheduled_model(request))

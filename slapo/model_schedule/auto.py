@@ -134,7 +134,8 @@ def fuse_matching_rms_norms(sch: Schedule) -> List[str]:
     return done
 
 
-@register_model_schedule("auto", extra_knobs=("example_inputs", "expert_parallel"))
+@register_model_schedule("auto", extra_knobs=("example_inputs", "expert_parallel"),
+                         sequence_parallel=None)
 def schedule_auto(sch: Schedule, model_config: Any, cfg: ScheduleConfig,
                   example_inputs: Any = None, expert_parallel: bool = False) -> None:
     """A schedule from the model's own tensor-parallel plan; see the module docs. Every check

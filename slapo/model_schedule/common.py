@@ -105,16 +105,9 @@ def sdpa_masks(sch: Schedule, model_config: Any) -> None:
 
 
 def tp_mode(sch: Schedule, cfg: ScheduleConfig, family: str) -> TPMode:
-    """Validate the parallel knobs against the family (sequence parallelism where its recipe
-    is registered with it) and the group; returns the mode."""
-    from .registry import list_model_schedules, supports_sequence_parallel
-
+    """Validate the parallel knobs against the family and the group (sequence parallelism
+    itself is checked by the registry, from what the recipe declares); returns the mode."""
     call = f"apply_schedule({family!r})"
-    if cfg.sequence_parallel and not supports_sequence_parallel(family):
-        with_sp = [n for n in list_model_schedules() if supports_sequence_parallel(n)]
-        raise ConfigError(f"sequence_parallel is not supported by the {family} schedule",
-                          call=call, hint="sequence parallelism is implemented for "
-                          f"{', '.join(with_sp)}; drop the knob")
     tp = sch.world_size > 1
     if tp and cfg.sequence_parallel and not cfg.shard_embedding:
         raise ConfigError("sequence_parallel needs the vocab-parallel embedding and LM head",

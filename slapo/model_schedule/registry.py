@@ -5,13 +5,15 @@ applies primitives to a freshly created schedule. Recipes are registered explici
 ``@register_model_schedule("bert", extra_knobs=(...))`` and imported in
 ``slapo/model_schedule/__init__.py``; ``sequence_parallel=True`` declares that the recipe takes
 the ``sequence_parallel`` knob with tensor parallelism on every model of its family (what a
-planner may search without building the model: :func:`supports_sequence_parallel`).
+planner may search without building the model: :func:`supports_sequence_parallel`), ``None``
+that the recipe decides per model (``auto``); the others refuse the knob in
+:func:`check_knobs`, before any model is built.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from torch import nn
 
@@ -27,16 +29,17 @@ __all__ = ["register_model_schedule", "apply_schedule", "list_model_schedules", 
 class _Entry:
     recipe: Callable[..., None]
     extra_knobs: Tuple[str, ...]
-    sequence_parallel: bool = False
+    sequence_parallel: Optional[bool] = False
 
 
 _SCHEDULES: Dict[str, _Entry] = {}
 
 
 def register_model_schedule(name: str, extra_knobs: Sequence[str] = (),
-                            sequence_parallel: bool = False):
+                            sequence_parallel: Optional[bool] = False):
     """Decorator registering ``recipe`` under ``name`` (with its family-specific knobs, and
-    whether every model of the family takes ``sequence_parallel=True``)."""
+    whether every model of the family takes ``sequence_parallel=True``: ``None`` when the
+    recipe decides per model)."""
 
     def deco(recipe: Callable[..., None]) -> Callable[..., None]:
         if name in _SCHEDULES and _SCHEDULES[name].recipe is not recipe:
@@ -63,7 +66,7 @@ def _entry(name: str) -> _Entry:
 def supports_sequence_parallel(name: str) -> bool:
     """Whether the recipe ``name`` declares sequence parallelism for every model it schedules
     (``auto`` decides per model, so it does not)."""
-    return _entry(name).sequence_parallel
+    return _entry(name).sequence_parallel is True
 
 
 def list_knobs(name: str) -> List[str]:
@@ -83,7 +86,17 @@ def check_knobs(name: str, **knobs: Any) -> ScheduleConfig:
     entry = _entry(name)
     _check_original_knobs(knobs, entry.extra_knobs)
     cfg, _ = make_config(knobs, entry.extra_knobs)
+    _check_sequence_parallel(name, entry, cfg)
     return cfg
+
+
+def _check_sequence_parallel(name: str, entry: _Entry, cfg: ScheduleConfig) -> None:
+    if cfg.sequence_parallel and entry.sequence_parallel is False:
+        with_sp = [n for n in list_model_schedules() if supports_sequence_parallel(n)]
+        raise ConfigError(f"sequence_parallel is not supported by the {name} schedule",
+                          call=f"apply_schedule({name!r})", hint="sequence parallelism is "
+                          f"implemented for {', '.join(with_sp)} (and, per model, auto); drop "
+                          "the knob")
 
 
 def apply_schedule(model: nn.Module, name: str, model_config: Any = None,
@@ -105,6 +118,7 @@ def apply_schedule(model: nn.Module, name: str, model_config: Any = None,
     entry = _entry(name)
     _check_original_knobs(knobs, entry.extra_knobs)
     cfg, extra = make_config(knobs, entry.extra_knobs)
+    _check_sequence_parallel(name, entry, cfg)
     model_config = model_config if model_config is not None else getattr(model, "config", None)
     if cfg.dtype != "fp32":
         model = model.to(cfg.torch_dtype)

@@ -5,17 +5,17 @@ from a config line; a model that is not a causal LM refuses it."""
 import pytest
 import torch
 
-from end2end.driver.runner import RunnerRequest, prepare_hf_model
-from end2end.spec.modes import get_mode
+from end2end.driver.runner import hf_model_from_config, with_lean_loss
 from slapo.errors import ConfigError
 from slapo.op.cross_entropy import VocabParallelCausalLMLoss
-from slapo.testing import example_inputs, run_distributed, tiny_config
+from slapo.testing import example_inputs, run_distributed, tiny_config, tiny_model
 
 
 def _losses(mode: str, lean: bool):
     from end2end.driver.runtimes import make_runner
 
-    runner = make_runner(mode, tiny_config("gpt2", use_cache=False), lean_loss=lean)
+    model = hf_model_from_config(tiny_config("gpt2", use_cache=False), 0)
+    runner = make_runner(mode, with_lean_loss(model) if lean else model)
     loss_fn = getattr(runner.model, "module", runner.model).loss_function
     rank = torch.distributed.get_rank()
     torch.manual_seed(rank)  # the same dropout masks in both runs of this process
@@ -38,14 +38,21 @@ def test_lean_loss_trains_like_hf_s_loss_under_ddp_and_fsdp2():
 
 
 def test_lean_loss_refuses_a_model_that_is_not_a_causal_lm():
-    request = RunnerRequest(get_mode("eager"), tiny_config("bert"), None, None, None, None, 1, 0,
-                            None, 1, 1, None, lean_loss=True)
     with pytest.raises(ConfigError, match="BertForMaskedLM is not one"):
-        prepare_hf_model(request)
+        with_lean_loss(tiny_model("bert"))
 
 
-def test_a_config_line_carries_the_knob_to_the_runner():
+def _built_from_a_line():
+    from end2end.driver.assemble import build_runner
     from end2end.spec.config_file import expand, parse_lines
+    from end2end.spec.layout import run_layout
 
     (spec,) = expand(parse_lines(["#@ knobs=lean_loss=True", "fsdp tiny/gpt2 2 16 0 4 0"], "t"))
     assert spec.knobs == "lean_loss=True" and "lean_loss=True" in spec.key
+    runner = build_runner(spec, run_layout(spec), None, torch.device("cpu"))
+    loss_fn = runner.model.loss_function
+    return isinstance(loss_fn, VocabParallelCausalLMLoss) and loss_fn.lean
+
+
+def test_a_config_line_carries_the_knob_to_the_runner():
+    assert run_distributed(_built_from_a_line, 2) == [True, True]

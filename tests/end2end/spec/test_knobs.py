@@ -53,6 +53,8 @@ def test_config_pragma_sets_and_resets_knobs(tmp_path):
     ("#@ knobs=lean_loss=True\nmegatron tiny/gpt2 1 16 0 4 0",
      r"k.cfg:2: .*knobs apply to the Slapo modes and the baselines eager, fsdp, deepspeed"),
     ("#@ knobs=lean_loss=1\nfsdp tiny/gpt2 1 16 0 4 0", r"k.cfg:2: .*lean_loss must be one of"),
+    ("#@ knobs=sequence_parallel=True\nslapo tiny/bert 1 16 0 4 0",
+     r"k.cfg:2: .*sequence_parallel is not supported by the bert schedule.*gpt2, gpt_neo, llama"),
     ("#@ knobs=ckpt_ratio=0.5\nslapo tiny/bert 1 16 0 4 0",
      r"k.cfg:2: .*'ckpt_ratio' is set by the driver.*CKPT field"),
     ("#@ knobs=fuse\nslapo tiny/bert 1 16 0 4 0", r"k.cfg:1: .*is not NAME=VALUE"),
