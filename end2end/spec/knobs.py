@@ -120,5 +120,6 @@ def check_run_knobs(mode: str, schedule: str, text: str, where: str = "--knob") 
         valid = [k for k in list_knobs(schedule) if k not in DRIVER_KNOBS]
         close = (exc.hint or "").partition("? ")[0] + "? " if "did you mean" in (exc.hint or "") \
             else ""
-        raise ConfigError(f"{where}: {exc.what} (recipe {schedule!r})",
-                          hint=f"{close}valid knobs: {', '.join(valid)}") from None
+        hint = f"{close}valid knobs: {', '.join(valid)}" if "unknown knob" in exc.what \
+            else exc.hint  # a known knob's value or use: the recipe's own hint
+        raise ConfigError(f"{where}: {exc.what} (recipe {schedule!r})", hint=hint) from None
