@@ -58,6 +58,7 @@ def _rank(group) -> int:
 def _all_reduce(x: torch.Tensor, group, op=None) -> torch.Tensor:
     return x if group is WHOLE_VOCAB else all_reduce(x, group, op=op)
 
+
 #: fp32 elements of one block of rows in the ``lean`` cross-entropy (256 MiB): large enough
 #: that a block is a few big kernels, small beside a full-vocabulary tensor
 LEAN_BLOCK_ELEMENTS = 1 << 26
