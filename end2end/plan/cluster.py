@@ -136,6 +136,6 @@ def parse_cluster(text: str, calibration: Optional[str] = None) -> Cluster:
     return Cluster(name, gpus, nodes, float(profile.memory_bytes), dict(profile.flops),
                    profile.gpus_per_node, fragmentation(profile), profile.reserved_bytes,
                    profile.intra_node_bandwidth * profile.link_efficiency,
-                   profile.inter_node_bandwidth * profile.link_efficiency,
+                   profile.inter_node_bandwidth * profile.network_efficiency,
                    {dtype: profile.gemm_efficiency_of(dtype) for dtype in profile.flops},
                    profile.host_op_s, calibration or "")

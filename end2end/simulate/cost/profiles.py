@@ -17,9 +17,10 @@ published training run (the validation set judges the model, it never tunes it).
 * ``kernel_overhead_s``: the GPU's gap per kernel launch; ``host_op_s``: what eager PyTorch's
   Python, dispatcher and launch cost on the host per op (a phase takes at least its ops x
   this: the GPU waits for a host that issues kernels faster than they run);
-* ``link_efficiency``: the fraction of a link's bandwidth a ring collective reaches, with the
-  latency ``alpha_s`` per ring step inside a node, ``inter_alpha_s`` per step that crosses
-  nodes and ``collective_base_s`` per call (NCCL's own latency model);
+* ``link_efficiency``: the fraction of NVLink's bandwidth a ring collective reaches,
+  ``network_efficiency`` the fraction of a NIC's; with the latency ``alpha_s`` per ring step
+  inside a node, ``inter_alpha_s`` per step that crosses nodes and ``collective_base_s`` per
+  call (NCCL's own latency model);
 * ``allocator_overhead``: the caching allocator's fragmentation and reserve on top of the peak of
   live tensors (10 %, plus ``reserved_bytes`` for the CUDA context and workspaces);
 * ``measured_overhead``, ``measured_fixed_bytes``: how the driver's memory measurement relates
@@ -74,6 +75,7 @@ class DeviceProfile:
     memory_efficiency: float = 0.8
     kernel_overhead_s: float = 5e-6
     link_efficiency: float = 0.8
+    network_efficiency: float = 0.8
     alpha_s: float = 10e-6
     inter_alpha_s: float = 30e-6
     allocator_overhead: float = 0.10
@@ -147,44 +149,108 @@ _V100_SGEMM = _MARKIDIS + ": 83 / 7 = 11.9 of 15.7 TFLOP/s = 75.5 % (fp32, and b
 _NCCL = "NVIDIA/nccl src/graph/tuning.cc of a NCCL 2.x release (latencies of its Ring/Simple " \
     "protocol: baseLat 8.4 us per call, hwLat 5.7 us per step on NVLink, 6.6 us on the network)"
 _ASSUMED = "assumed (no published measurement found); judged by the validation set, never fitted"
+_FOUND = " (the measurements found, quoted: docs/results/validation/gpu_constant_sources.md)"
+# -- measured sources of the efficiencies (docs/results/validation/gpu_constant_sources.md) ----
+_TRIAD = "BabelStream Triad (STREAM-like, the figure of merit of a streaming kernel) / the " \
+    "datasheet's HBM bandwidth: "
+_MEM = {
+    "v100": _TRIAD + "846.5 of 900 GB/s = 0.941 on a Tesla V100-PCIE-16GB (Isambard; " \
+    "kaanolgu/BabelStream docs/instructions.md; the PCIe card has the SXM2's HBM2 peak; CSCS " \
+    "ReFrame's device-to-device copy reference on a V100, reframe-hpc/reframe cscs-checks/" \
+    "microbenchmarks/gpu/memory_bandwidth/memory_bandwidth.py: 777.8 GiB/s = 0.928)",
+    "a100-40gb": _TRIAD + "1377.4 of 1555 GB/s = 0.886 on an A100-SXM4-40GB (ALCF Polaris; " \
+    "argonne-lcf/ALCFBeginnersGuide polaris/02_profiling.md)",
+    "a100-80gb": _TRIAD + "1724.8 (Tursa, ukri-bench/benchmark-BabelStream README.md) and " \
+    "1700 (Azure ND A100 v4, Azure/AI-benchmarking-guide Azure_Results/ND_A100_v4_results.md) " \
+    "of 2039 GB/s on A100-SXM4-80GB: 0.846 and 0.834, mean 0.840",
+    "h100": _TRIAD + "2.97 of 3.35 TB/s = 0.887 on H100 80GB HBM3 SXM (Azure ND H100 v5, " \
+    "Azure/AI-benchmarking-guide 'Azure Results/ND_H100_v5_results.md')",
+    "h200": _TRIAD + "4.15 of 4.8 TB/s = 0.865 on H200 141GB (Azure ND H200 v5, " \
+    "Azure/AI-benchmarking-guide Azure_Results/ND_H200_v5_results.md)",
+}
+_KERNEL = "CSCS ReFrame's null-kernel latency reference (reframe-hpc/reframe cscs-checks/" \
+    "microbenchmarks/gpu/kernel_latency/kernel_latency.py, 5000 back-to-back empty kernels, " \
+    "one synchronize): "
+_HOST = "facebookresearch/HolisticTraceAnalysis docs/source/features/cuda_kernel_launch_stats" \
+    ".rst: 'the launch time on the CPU side is between 5-20 microseconds' (10 us: a value " \
+    "inside that published range, not one measurement); pytorch/pytorch#41383: about 2 us of " \
+    "Python and dispatch per CPU-tensor op before any launch"
+_NVLINK = "nccl-tests all_reduce busbw of a ring / NVLink's per-GPU one-direction rate: "
+_NDR = "NVIDIA/nccl-tests#290 (NVIDIA's comment): 'For NDR @ 400Gbps you should see 46-48GB/s " \
+    "per NIC', 47 of 50 GB/s = 0.94"
+_RESERVED = "pytorch/pytorch#109888 and #107667 (ptrblck): the CUDA context takes about 300-400 " \
+    "MB with lazy module loading (CUDA >= 11.7), over 1000 MB before; cuBLAS and cuBLASLt " \
+    "workspaces 8-40 MiB per handle and stream (PyTorch PR #120925); NCCL's buffers are in no " \
+    "source found, so 1 GB is kept, " + _ASSUMED
+
+_A100_COMMON = dict(
+    kernel_overhead_s=_KERNEL + "2.7 us on an A100", link_efficiency=_NVLINK + "234.89 of 300 "
+    "GB/s = 0.783 (stas00/ml-engineering network/README.md, one A100 node, 16 GiB) and 231.58 "
+    "(Azure/AI-benchmarking-guide ND_A100_v4_results.md, 8G) = 0.772: 0.78",
+    network_efficiency=_NDR + " (HDR InfiniBand: NDR's fraction, assumed)",
+    reserved_bytes=_RESERVED)
+_HOPPER_COMMON = dict(
+    kernel_overhead_s="as a100 (" + _KERNEL + "2.7 us on an A100; none found for Hopper, "
+    "assumed the same)", link_efficiency=_NVLINK + "NVIDIA/nccl-tests#212 (the NCCL "
+    "maintainer): 'NCCL can get an effective NVLink bandwidth of 370GB/s' of 450 with "
+    "NCCL_ALGO=RING = 0.822; NVIDIA/nccl#1455: 365-370 GB/s on 8 x H100; stas00 8 x H200 ring "
+    "367.61 GB/s: 0.82 (the NVLS in-switch all-reduce, NCCL's default on Hopper, is not "
+    "modelled)", network_efficiency=_NDR, reserved_bytes=_RESERVED)
 
 SOURCES: Dict[str, Dict[str, str]] = {
     "v100-32gb": dict(
         device=_V100 + "; AWS p3dn.24xlarge: 8 x V100-SXM2 32 GB, 100 Gb/s EFA per node",
         gemm_efficiency=_V100_GEMM, fp32_gemm_efficiency=_V100_SGEMM,
         attention_efficiency="efficient: " + _FA2 + "; flash: not eligible on sm70 (" + _SDPA
-        + ")", memory_efficiency=_ASSUMED, kernel_overhead_s=_ASSUMED, host_op_s=_ASSUMED,
-        link_efficiency=_ASSUMED, alpha_s=_ASSUMED),
+        + ")", memory_efficiency=_MEM["v100"], kernel_overhead_s=_KERNEL + "1.83 us on a V100",
+        link_efficiency="NVIDIA/nccl src/graph/topo.h: SM70_NVLINK_BW 20.0 GB/s per 25 GB/s "
+        "link = 0.80 (NCCL's own model; no nccl-tests result for 8 x V100-SXM2 found)",
+        network_efficiency="stas00/ml-engineering network/README.md: 'EFA v1 0.4 Tbps "
+        "(effective 340 Gbps for all_reduce tests)' = 0.85 (p3dn's EFA is that generation)",
+        reserved_bytes="pytorch/pytorch#28394: 1008 MB used on a Volta GPU after one small "
+        "tensor (PyTorch 1.3, CUDA < 11.7: every kernel loaded into the context)",
+        alpha_s=_ASSUMED),
     "v100-32gb-dgx2": dict(
         device=_V100 + "; NVIDIA DGX-2 datasheet: 16 x V100 32 GB on NVSwitch (each GPU its "
         "6 NVLinks, 150 GB/s per direction), 8 x 100 Gb/s InfiniBand EDR per node",
         gemm_efficiency="as v100-32gb", fp32_gemm_efficiency="as v100-32gb",
-        attention_efficiency="as v100-32gb"),
+        attention_efficiency="as v100-32gb", memory_efficiency="as v100-32gb",
+        kernel_overhead_s="as v100-32gb", link_efficiency="as v100-32gb",
+        reserved_bytes="as v100-32gb", network_efficiency=_NDR + " (EDR InfiniBand: NDR's "
+        "fraction, assumed)"),
     "a100-40gb": dict(
         device=_A100 + "; NVIDIA DGX A100 datasheet: 8 GPUs on NVSwitch, 8 x 200 Gb/s HDR "
         "InfiniBand (ConnectX-6) for the compute network", gemm_efficiency=_MAMF
-        + ": A100 SXM 271.2 of 312 TFLOP/s = 86.9 %", attention_efficiency=_FA2),
+        + ": A100 SXM 271.2 of 312 TFLOP/s = 86.9 %", attention_efficiency=_FA2,
+        memory_efficiency=_MEM["a100-40gb"], **_A100_COMMON),
     "a100-80gb": dict(device=_A100 + "; DGX A100 (as a100-40gb)", gemm_efficiency=_MAMF
-                      + ": A100 SXM 86.9 %", attention_efficiency=_FA2),
+                      + ": A100 SXM 86.9 %", attention_efficiency=_FA2,
+                      memory_efficiency=_MEM["a100-80gb"], **_A100_COMMON),
     "h100-80gb": dict(
         device=_H100 + "; NVIDIA DGX H100 datasheet: 8 GPUs on NVSwitch, 8 x 400 Gb/s "
         "(ConnectX-7) for the compute network", gemm_efficiency=_MAMF
-        + ": H100 SXM 794.5 of 989 TFLOP/s = 80.3 %", attention_efficiency=_FA2_H100),
+        + ": H100 SXM 794.5 of 989 TFLOP/s = 80.3 %", attention_efficiency=_FA2_H100,
+        memory_efficiency=_MEM["h100"], **_HOPPER_COMMON),
     "h100-96gb": dict(
         device=_H100 + " for compute, SMs and NVLink; " + _TITAN,
         gemm_efficiency="as h100-80gb", attention_efficiency="as h100-80gb",
+        memory_efficiency="as h100-80gb (HBM3); for this card's HBM2e no measurement found: "
+        + _ASSUMED, **_HOPPER_COMMON,
         power_limit=_ASSUMED + ": the datasheet's peaks are at 700 W; the 500 W limit's clocks "
         "are not published, so compute-bound phases are predicted fast"),
     "h200": dict(device=_H200 + "; DGX H200: the DGX H100 network", gemm_efficiency=_MAMF
                  + ": GH200 (H200-class GPU, 141 GB HBM3e) 828.6 of 989 = 83.8 %",
-                 attention_efficiency="as h100-80gb"),
+                 attention_efficiency="as h100-80gb", memory_efficiency=_MEM["h200"],
+                 **_HOPPER_COMMON),
 }
 for _name in SOURCES:
     for _key in ("alpha_s", "inter_alpha_s", "collective_base_s"):
         SOURCES[_name].setdefault(_key, _NCCL)
-    for _key in ("memory_efficiency", "kernel_overhead_s", "host_op_s", "link_efficiency",
-                 "reserved_bytes", "allocator_overhead"):
-        SOURCES[_name].setdefault(_key, _ASSUMED)
+    SOURCES[_name].setdefault("host_op_s", _HOST)
+    SOURCES[_name].setdefault("allocator_overhead", _ASSUMED + _FOUND + ": GMLake (ASPLOS'24) "
+                              "measured PyTorch's allocator at 15-33 % fragmentation on "
+                              "recomputation, offloading, ZeRO-3 and LoRA workloads; no figure "
+                              "for plain training")
     SOURCES[_name].setdefault("attention kernel choice", _SDPA)
 
 _HALF = ("float16", "bfloat16")
@@ -193,6 +259,15 @@ _HALF = ("float16", "bfloat16")
 HOPPER_ATTENTION = (0.35, 0.19)
 #: (Tensor Core, fp32) large-GEMM efficiency of a V100: Markidis et al. 2018 (:data:`SOURCES`)
 V100_GEMM = (83 / 125, 83 / 7 / 15.7)
+#: The measured efficiencies of :data:`SOURCES` (docs/results/validation/gpu_constant_sources.md):
+#: streaming memory (BabelStream Triad / datasheet), the GPU's gap per kernel (CSCS null-kernel
+#: latency), NVLink (nccl-tests ring busbw / link) and a NIC (NVIDIA's NDR figure; EFA v1)
+V100_MEASURED = dict(memory_efficiency=846.5 / 900, kernel_overhead_s=1.83e-6,
+                     link_efficiency=20.0 / 25, network_efficiency=340 / 400)
+AMPERE_MEASURED = dict(kernel_overhead_s=2.7e-6, link_efficiency=0.78,
+                       network_efficiency=47 / 50)
+HOPPER_MEASURED = dict(kernel_overhead_s=2.7e-6, link_efficiency=0.82,
+                       network_efficiency=47 / 50)
 
 
 def _gpu(name, description, memory_gib, peak, bandwidth, sms, cc, gemm,
@@ -213,21 +288,26 @@ def _gpu(name, description, memory_gib, peak, bandwidth, sms, cc, gemm,
 PROFILES: Dict[str, DeviceProfile] = {p.name: p for p in (
     _gpu("v100-32gb", "p3dn.24xlarge: 8 x V100-SXM2 32 GB, NVLink, 100 Gb/s", 32, (15.7e12,
          125e12), (900e9, 150e9, 12.5e9), 80, (7, 0), V100_GEMM[0], bf16=False,
-         fp32_gemm_efficiency=V100_GEMM[1]),
+         fp32_gemm_efficiency=V100_GEMM[1], **V100_MEASURED),
     _gpu("v100-32gb-dgx2", "DGX-2: 16 x V100-SXM3 32 GB, NVSwitch, 8 x 100 Gb/s IB", 32,
          (15.7e12, 125e12), (900e9, 150e9, 100e9), 80, (7, 0), V100_GEMM[0], bf16=False,
-         fp32_gemm_efficiency=V100_GEMM[1], gpus_per_node=16),
+         fp32_gemm_efficiency=V100_GEMM[1], gpus_per_node=16,
+         **{**V100_MEASURED, "network_efficiency": 47 / 50}),
     _gpu("a100-40gb", "DGX A100: 8 x A100-SXM4 40 GB, NVSwitch, 8 x 200 Gb/s IB", 40,
-         (19.5e12, 312e12), (1555e9, 300e9, 200e9), 108, (8, 0), 0.869),
+         (19.5e12, 312e12), (1555e9, 300e9, 200e9), 108, (8, 0), 0.869,
+         memory_efficiency=1377.4 / 1555, **AMPERE_MEASURED),
     _gpu("a100-80gb", "DGX A100: 8 x A100-SXM4 80 GB, NVSwitch, 8 x 200 Gb/s IB", 80,
-         (19.5e12, 312e12), (2039e9, 300e9, 200e9), 108, (8, 0), 0.869),
+         (19.5e12, 312e12), (2039e9, 300e9, 200e9), 108, (8, 0), 0.869,
+         memory_efficiency=0.840, **AMPERE_MEASURED),
     _gpu("h100-80gb", "DGX H100: 8 x H100-SXM5 80 GB, NVSwitch, 8 x 400 Gb/s", 80,
-         (67e12, 989e12), (3350e9, 450e9, 400e9), 132, (9, 0), 0.803, HOPPER_ATTENTION),
+         (67e12, 989e12), (3350e9, 450e9, 400e9), 132, (9, 0), 0.803, HOPPER_ATTENTION,
+         memory_efficiency=2.97 / 3.35, **HOPPER_MEASURED),
     _gpu("h100-96gb", "Grand Teton: 8 x H100 96 GB HBM2e (2.4 TB/s, 500 W), NVLink, "
          "8 x 400 Gb/s RDMA", 96, (67e12, 989e12), (2400e9, 450e9, 400e9), 132, (9, 0), 0.803,
-         HOPPER_ATTENTION),
+         HOPPER_ATTENTION, memory_efficiency=2.97 / 3.35, **HOPPER_MEASURED),
     _gpu("h200", "DGX H200: 8 x H200-SXM 141 GB, NVSwitch, 8 x 400 Gb/s", 143771 / 1024,
-         (67e12, 989e12), (4800e9, 450e9, 400e9), 132, (9, 0), 0.838, HOPPER_ATTENTION),
+         (67e12, 989e12), (4800e9, 450e9, 400e9), 132, (9, 0), 0.838, HOPPER_ATTENTION,
+         memory_efficiency=4.15 / 4.8, **HOPPER_MEASURED),
 )}
 
 
@@ -288,7 +368,8 @@ def profile_from_file(path: Path):
                       data["memory_bandwidth"], data["bandwidth"], data["bandwidth"],
                       gpus_per_node=64),
         gemm_efficiency=1.0, memory_efficiency=0.8, kernel_overhead_s=2e-6,
-        link_efficiency=1.0, alpha_s=data["alpha_s"], inter_alpha_s=data["alpha_s"],
+        link_efficiency=1.0, network_efficiency=1.0, alpha_s=data["alpha_s"],
+        inter_alpha_s=data["alpha_s"],
         allocator_overhead=0.0, reserved_bytes=0.0,
         measured_overhead=data.get("memory_overhead", 0.0),
         measured_fixed_bytes=data.get("memory_fixed_bytes", 0.0), eager=eager,

@@ -20,7 +20,8 @@
   node's network, so each gets ``inter_node_bandwidth x r / gpus_per_node``: a ZeRO-3/FSDP or
   DDP group over every rank (``r`` = 8) has the whole node's network, the data-parallel groups
   of TP 8 x DP (``r`` = 1) an eighth each, as does a pipeline's point-to-point pair. The ring's
-  rate is the slower of that and NVLink, times ``link_efficiency``.
+  rate is the slower of that times ``network_efficiency`` and NVLink times ``link_efficiency``
+  (:func:`ring_rate`).
 * Overlap, as each runtime does it (:data:`OVERLAPPED`): DDP's gradient all-reduce runs during
   the backward, ZeRO-3's and FSDP2's all-gathers and reduce-scatters during the forward/backward
   they prefetch for; tensor-parallel collectives are on the critical path. An overlapped
@@ -41,7 +42,7 @@ from end2end.simulate.cost.records import CollectiveRecord, OpRecord
 
 __all__ = ["OVERLAPPED", "overlapped_kinds", "compute_seconds", "collective_seconds",
            "rank_seconds", "step_seconds", "ring_factor", "ring_steps", "ring_bandwidth",
-           "ranks_per_node"]
+           "ring_rate", "ranks_per_node"]
 
 # (framework, slapo?) -> collective kinds the runtime overlaps with compute
 OVERLAPPED: Dict[Tuple[str, bool], Set[str]] = {
@@ -89,6 +90,17 @@ def ring_bandwidth(ranks: Tuple[int, ...], profile: DeviceProfile) -> float:
     return min(profile.inter_node_bandwidth * share, profile.intra_node_bandwidth)
 
 
+def ring_rate(ranks: Tuple[int, ...], profile: DeviceProfile) -> float:
+    """:func:`ring_bandwidth` at what the links reach: NVLink's at ``link_efficiency``, the
+    network's share at ``network_efficiency`` (module docstring)."""
+    nvlink = profile.intra_node_bandwidth * profile.link_efficiency
+    nodes = ranks_per_node(ranks, profile.gpus_per_node)
+    if len(nodes) <= 1:
+        return nvlink
+    share = min(nodes.values()) / profile.gpus_per_node
+    return min(profile.inter_node_bandwidth * share * profile.network_efficiency, nvlink)
+
+
 def ring_factor(kind: str, g: int) -> float:
     """The share of a collective's bytes each rank sends on a ring of ``g`` (module docstring)."""
     return {"allreduce": 2 * (g - 1) / g, "p2p": 1.0, "broadcast": 1.0}.get(kind, (g - 1) / g)
@@ -107,7 +119,7 @@ def collective_seconds(c: CollectiveRecord, profile: DeviceProfile) -> float:
         return 0.0
     ranks = c.ranks or tuple(range(g))
     nodes = len(ranks_per_node(ranks, profile.gpus_per_node))
-    bw = ring_bandwidth(ranks, profile) * profile.link_efficiency
+    bw = ring_rate(ranks, profile)
     if profile.eager is not None:
         bw = profile.eager.collective_bandwidth.get(c.kind, bw)
     steps = ring_steps(c.kind, g)

@@ -13,7 +13,7 @@ import pytest
 from end2end.simulate.cost.gpu_model import kernel_seconds, phase_seconds, tile_utilisation
 from end2end.simulate.cost.profiles import GIB, PROFILES, SOURCES
 from end2end.simulate.cost.records import CollectiveRecord, OpRecord
-from end2end.simulate.cost.timing import collective_seconds, ring_bandwidth
+from end2end.simulate.cost.timing import collective_seconds, ring_bandwidth, ring_rate
 
 V100 = PROFILES["v100-32gb"]
 
@@ -43,7 +43,7 @@ def test_zero3_one_ring_over_every_rank_has_the_whole_node_network(n):
     """ZeRO-3/FSDP over all ranks: one ring, 8 ranks per node, every NIC carries one edge -
     the node's 100 Gb/s, not an eighth of it (the Figure 8 DeepSpeed rows' 8x)."""
     c = _gather(range(n))
-    want = (n - 1) / n * c.bytes / (V100.inter_node_bandwidth * V100.link_efficiency)
+    want = (n - 1) / n * c.bytes / (V100.inter_node_bandwidth * V100.network_efficiency)
     assert _beta(c, V100) == pytest.approx(want, rel=1e-9)
 
 
@@ -51,11 +51,11 @@ def test_tp_times_dp_groups_share_the_nic_and_p2p_pairs_get_one_share():
     """TP 8 x DP 8 on 64 ranks: each DP group has one rank per node, and the 8 DP groups of a
     node share its network (an eighth each); a pipeline's send between nodes likewise."""
     dp = _gather(range(0, 64, 8), kind="allreduce")
-    want = 2 * 7 / 8 * dp.bytes / (V100.inter_node_bandwidth / 8 * V100.link_efficiency)
+    want = 2 * 7 / 8 * dp.bytes / (V100.inter_node_bandwidth / 8 * V100.network_efficiency)
     assert _beta(dp, V100) == pytest.approx(want, rel=1e-9)
     p2p = CollectiveRecord("p2p", 10 ** 9, 2, (3, 11), "forward")
     assert _beta(p2p, V100) == pytest.approx(
-        10 ** 9 / (V100.inter_node_bandwidth / 8 * V100.link_efficiency), rel=1e-9)
+        10 ** 9 / (V100.inter_node_bandwidth / 8 * V100.network_efficiency), rel=1e-9)
     # 2 ranks per node (TP 4 x DP): a quarter of the network each
     assert ring_bandwidth(tuple(range(0, 64, 4)), V100) == pytest.approx(
         V100.inter_node_bandwidth / 4)
@@ -63,6 +63,11 @@ def test_tp_times_dp_groups_share_the_nic_and_p2p_pairs_get_one_share():
     assert ring_bandwidth(tuple(range(8)), V100) == V100.intra_node_bandwidth
     fat = dataclasses.replace(V100, inter_node_bandwidth=10 * V100.intra_node_bandwidth)
     assert ring_bandwidth(tuple(range(16)), fat) == V100.intra_node_bandwidth
+    # what the links reach: NVLink at link_efficiency, the network's share at its own
+    assert ring_rate(tuple(range(8)), V100) == V100.intra_node_bandwidth * V100.link_efficiency
+    assert ring_rate(tuple(range(0, 64, 8)), V100) == pytest.approx(
+        V100.inter_node_bandwidth / 8 * V100.network_efficiency)
+    assert V100.network_efficiency != V100.link_efficiency  # EFA v1 0.85, NVLink 0.80
 
 
 def test_capacities_are_binary_gigabytes():
@@ -76,7 +81,8 @@ def test_every_gpu_profile_names_its_sources():
     for name, profile in PROFILES.items():
         assert name in SOURCES, name
         for key in ("device", "gemm_efficiency", "attention_efficiency", "memory_efficiency",
-                    "link_efficiency", "host_op_s"):
+                    "link_efficiency", "network_efficiency", "kernel_overhead_s", "host_op_s",
+                    "reserved_bytes", "allocator_overhead"):
             assert SOURCES[name].get(key), (name, key)
         assert profile.sm_count > 0 and profile.compute_capability >= (7, 0), name
     # DGX interconnects: 8 x 200 Gb/s (A100), 8 x 400 Gb/s (H100/H200), DGX-2: 16 GPUs
