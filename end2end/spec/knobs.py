@@ -8,7 +8,7 @@ The knobs reach ``slapo.model_schedule.apply_schedule`` in the Slapo modes; name
 common knobs' values are checked before anything is built (``check_knobs``), the rest by the
 recipe itself: either way a wrong knob is a ``fail`` row that names the valid ones. The
 baselines that train the HF model as it is take :data:`BASELINE_KNOBS` only (the driver applies
-them: ``end2end.driver.runner.prepare_hf_model``).
+them to the model it builds: ``end2end.driver.assemble.build_runner``).
 """
 
 from __future__ import annotations
