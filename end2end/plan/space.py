@@ -15,7 +15,7 @@ modes :mod:`end2end.spec.modes` says what each accepts):
   selectively; not on vision models), ``0, selective, full`` (megatron), ``0, 1`` (HF gradient
   checkpointing) (:mod:`end2end.plan.ckpt`);
 * the recipe's knobs (:func:`knob_choices`): ``sequence_parallel=True`` and the default, for
-  a Slapo mode with TP > 1 and no pipeline whose recipe declares sequence parallelism
+  a Slapo mode with TP > 1 (with or without a pipeline) whose recipe declares sequence parallelism
   (:func:`slapo.model_schedule.supports_sequence_parallel`). The other knobs keep the
   recipe's defaults, which are its fast choices (fused kernels, flash attention).
 
@@ -166,14 +166,15 @@ def _micros(mode: str, pp: int, local: int) -> List[int]:
     return out
 
 
-def knob_choices(spec: ModelSpec, mode: str, tp: int, pp: int) -> Tuple[str, ...]:
-    """The recipe-knob texts searched for one (mode, TP, PP) (module docstring): sequence
+def knob_choices(spec: ModelSpec, mode: str, tp: int) -> Tuple[str, ...]:
+    """The recipe-knob texts searched for one (mode, TP) (module docstring): sequence
     parallelism first (it holds a TP-th of the activations the default holds between the TP
     regions, for the same communication volume: Korthikanti et al. 2022, §4.2.2), then the
-    default."""
+    default. Pipelines take it too (tests/pipeline/test_tp_pipeline.py trains TP 2 x PP 2
+    with it on both pipeline runtimes)."""
     from slapo.model_schedule import supports_sequence_parallel
 
-    if get_mode(mode).slapo and tp > 1 and pp == 1 and spec.schedule != "auto" \
+    if get_mode(mode).slapo and tp > 1 and spec.schedule != "auto" \
             and supports_sequence_parallel(spec.schedule):
         return ("sequence_parallel=True", "")
     return ("",)
@@ -199,7 +200,7 @@ def _add_layout(space: Space, spec: ModelSpec, cluster: Cluster, base: dict,
     points = [(micro, ckpt, knobs)
               for micro in limits.micros(_micros(mode, pp, local), local, batching)
               for ckpt in ckpts
-              for knobs in limits.knob_texts(knob_choices(spec, mode, tp, pp))]
+              for knobs in limits.knob_texts(knob_choices(spec, mode, tp))]
     for micro, ckpt, knobs in points:
         cand = Candidate(ckpt=ckpt, micro=micro, n=cluster.gpus, knobs=knobs, **base)
         need = memory_lower_bound(spec, mode, cand.dtype, tp, pp, dp, micro, cand.seq,
