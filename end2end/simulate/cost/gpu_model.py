@@ -19,6 +19,13 @@ memory_efficiency)) + kernel_overhead``, where the efficiency depends on the ker
   their backwards): the profile's ``attention_efficiency`` of the kernel kind.
 * any other op with FLOPs (convolutions): the ``gemm_efficiency`` of its dtype.
 
+The bytes move at the profile's ``memory_efficiency`` (a streaming kernel's measured fraction
+of the HBM bandwidth) except in the *row reductions* (:data:`REDUCTION_KERNELS`: softmax,
+log-softmax, layer, group and RMS norm and their backwards): one block reduces a row, then
+rescales it, so they reach less of the bandwidth than a stream; they move their bytes at the
+profile's ``reduction_efficiency`` of their direction (``forward``, ``backward``: PyTorch's own
+kernels measured, :data:`end2end.simulate.cost.profiles.SOURCES`).
+
 Views and allocations (``empty``, ``empty_like``, ``empty_strided``, ``new_empty``,
 ``new_empty_strided``: the caching allocator hands out memory, no kernel runs; PyTorch's
 ``aten/src/ATen/native/TensorFactories.cpp`` launches none for them; ``_unsafe_view``, a view
@@ -38,7 +45,8 @@ from end2end.simulate.cost.cpu_model import RUNTIME_COSTS
 from end2end.simulate.cost.records import OpRecord
 
 __all__ = ["NO_KERNEL", "TILES", "GEMM_SHAPED", "gemm_shape", "tile_utilisation",
-           "kernel_efficiency", "kernel_seconds", "phase_seconds", "ATTENTION_KINDS"]
+           "kernel_efficiency", "kernel_seconds", "phase_seconds", "ATTENTION_KINDS",
+           "REDUCTION_KERNELS", "bandwidth_efficiency"]
 
 #: cuBLAS's typical output tiles (NVIDIA's Matrix Multiplication Background guide, section 2.3)
 TILES: Tuple[Tuple[int, int], ...] = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128),
@@ -57,6 +65,16 @@ ATTENTION_KINDS = {"_scaled_dot_product_flash_attention": "flash",
                    "_scaled_dot_product_flash_attention_backward": "flash",
                    "_scaled_dot_product_efficient_attention": "efficient",
                    "_scaled_dot_product_efficient_attention_backward": "efficient"}
+
+
+#: row-reduction ATen kernels -> the direction of ``reduction_efficiency`` they move bytes at
+#: (module docstring); batch norm is not here: it reduces over the batch, another kernel
+REDUCTION_KERNELS = {**dict.fromkeys(("_softmax", "_safe_softmax", "_log_softmax",
+                                      "native_layer_norm", "native_group_norm",
+                                      "_fused_rms_norm"), "forward"),
+                     **dict.fromkeys(("_softmax_backward_data", "_log_softmax_backward_data",
+                                      "native_layer_norm_backward", "native_group_norm_backward",
+                                      "_fused_rms_norm_backward"), "backward")}
 
 
 def gemm_shape(name: str, args) -> Tuple[int, ...]:
@@ -96,6 +114,16 @@ def kernel_efficiency(op: OpRecord, profile) -> float:
     return profile.gemm_efficiency_of(op.dtype) * tile_utilisation(op.shape, profile.sm_count)
 
 
+def bandwidth_efficiency(op: OpRecord, profile) -> float:
+    """The fraction of the HBM bandwidth ``op``'s bytes move at on ``profile`` (module
+    docstring): its direction's ``reduction_efficiency`` for a row reduction the profile has
+    one for, else ``memory_efficiency``."""
+    direction = REDUCTION_KERNELS.get(op.name)
+    if direction is not None and direction in profile.reduction_efficiency:
+        return profile.reduction_efficiency[direction]
+    return profile.memory_efficiency
+
+
 def kernel_seconds(op: OpRecord, profile) -> float:
     """Seconds of one kernel on a GPU profile (0 for views, allocations and CPU-measured
     runtime costs)."""
@@ -103,7 +131,7 @@ def kernel_seconds(op: OpRecord, profile) -> float:
         return 0.0
     compute = op.flops / (profile.rate(op.dtype) * kernel_efficiency(op, profile)) \
         if op.flops else 0.0
-    memory = op.bytes / (profile.memory_bandwidth * profile.memory_efficiency)
+    memory = op.bytes / (profile.memory_bandwidth * bandwidth_efficiency(op, profile))
     return max(compute, memory) + profile.kernel_overhead_s
 
 

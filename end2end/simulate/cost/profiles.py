@@ -14,6 +14,9 @@ published training run (the validation set judges the model, it never tunes it).
 * ``attention_efficiency``: the fraction of the peak the fused attention kernels reach
   (``flash``, ``efficient``; the ``math`` path is GEMMs and elementwise ops, timed as such);
 * ``memory_efficiency``: the fraction of the HBM bandwidth an elementwise kernel reaches;
+  ``reduction_efficiency`` what PyTorch's row reductions (softmax, layer norm, ...) reach,
+  ``forward`` and ``backward`` (empty: ``memory_efficiency``;
+  :data:`end2end.simulate.cost.gpu_model.REDUCTION_KERNELS`);
 * ``kernel_overhead_s``: the GPU's gap per kernel launch; ``host_op_s``: what eager PyTorch's
   Python, dispatcher and launch cost on the host per op (a phase takes at least its ops x
   this: the GPU waits for a host that issues kernels faster than they run);
@@ -86,6 +89,7 @@ class DeviceProfile:
     sm_count: int = 0  # streaming multiprocessors (0: no tile/wave model)
     compute_capability: Tuple[int, int] = (0, 0)  # CUDA sm_XY ((0, 0): not a CUDA device)
     attention_efficiency: Dict[str, float] = dataclasses.field(default_factory=dict)
+    reduction_efficiency: Dict[str, float] = dataclasses.field(default_factory=dict)
     host_op_s: float = 0.0
     collective_base_s: float = 0.0  # fixed latency per collective call (NCCL's baseLat)
     calibration: Dict[str, Any] = dataclasses.field(default_factory=dict)  # ``cpu``: its file
@@ -168,6 +172,28 @@ _MEM = {
     "h200": _TRIAD + "4.15 of 4.8 TB/s = 0.865 on H200 141GB (Azure ND H200 v5, " \
     "Azure/AI-benchmarking-guide Azure_Results/ND_H200_v5_results.md)",
 }
+_LIGER = "linkedin/Liger-Kernel benchmark/data/{csv} (its 'huggingface' provider: torch.nn." \
+    "LayerNorm, ATen's native_layer_norm; fp32, 4096 rows of 1024 to 16384): on an {gpu}, the " \
+    "median of the five row lengths moves the forward's 2 x rows x cols x 4 B at {fwd} GB/s " \
+    "of the {peak} GB/s datasheet peak = {f}, the backward's 3 x rows x cols x 4 B (the " \
+    "'full' time minus the forward's) at {bwd} GB/s = {b}; that card's fraction, taken for " \
+    "this one{note} (published softmax forwards lie in the same range: docs/results/" \
+    "validation/kernel_bandwidth_sources.md)"
+_REDUCTION = {
+    "ampere": _LIGER.format(csv="a100_all_benchmark_data.csv @bdbfeadf", gpu="A100 80GB PCIe",
+                            fwd="1057", bwd="700", peak="1935", f="0.546", b="0.362", note=""),
+    "hopper": _LIGER.format(csv="h100_all_benchmark_data.csv @3534d446", gpu="H100 NVL",
+                            fwd="1819", bwd="1285", peak="3938", f="0.462", b="0.326",
+                            note=" (HBM2e H100 and H200: the HBM3 H100's, assumed)"),
+    "volta": "pytorch/pytorch#67977 (ATen's current layer-norm forward kernel): 'for a typical " \
+    "transformer size (32*196, 1024) time goes down from ~180us to ~49 us on Volta', fp16 (in " \
+    "fp32 the bytes would exceed the peak): 2 x 6272 x 1024 x 2 B / 49 us = 524 of 900 GB/s = " \
+    "0.582 forward; backward: no V100 measurement of the current kernel found (the 2019-2021 " \
+    "kernels: 13-27 % in pytorch/pytorch#27634 and #64801), the forward's fraction x the A100's " \
+    "measured backward / forward (700 / 1057, " + _LIGER.format(
+        csv="a100_all_benchmark_data.csv @bdbfeadf", gpu="A100 80GB PCIe", fwd="1057",
+        bwd="700", peak="1935", f="0.546", b="0.362", note="") + ") = 0.385, assumed",
+}
 _KERNEL = "CSCS ReFrame's null-kernel latency reference (reframe-hpc/reframe cscs-checks/" \
     "microbenchmarks/gpu/kernel_latency/kernel_latency.py, 5000 back-to-back empty kernels, " \
     "one synchronize): "
@@ -188,14 +214,15 @@ _A100_COMMON = dict(
     "GB/s = 0.783 (stas00/ml-engineering network/README.md, one A100 node, 16 GiB) and 231.58 "
     "(Azure/AI-benchmarking-guide ND_A100_v4_results.md, 8G) = 0.772: 0.78",
     network_efficiency=_NDR + " (HDR InfiniBand: NDR's fraction, assumed)",
-    reserved_bytes=_RESERVED)
+    reduction_efficiency=_REDUCTION["ampere"], reserved_bytes=_RESERVED)
 _HOPPER_COMMON = dict(
     kernel_overhead_s="as a100 (" + _KERNEL + "2.7 us on an A100; none found for Hopper, "
     "assumed the same)", link_efficiency=_NVLINK + "NVIDIA/nccl-tests#212 (the NCCL "
     "maintainer): 'NCCL can get an effective NVLink bandwidth of 370GB/s' of 450 with "
     "NCCL_ALGO=RING = 0.822; NVIDIA/nccl#1455: 365-370 GB/s on 8 x H100; stas00 8 x H200 ring "
     "367.61 GB/s: 0.82 (the NVLS in-switch all-reduce, NCCL's default on Hopper, is not "
-    "modelled)", network_efficiency=_NDR, reserved_bytes=_RESERVED)
+    "modelled)", network_efficiency=_NDR, reduction_efficiency=_REDUCTION["hopper"],
+    reserved_bytes=_RESERVED)
 
 SOURCES: Dict[str, Dict[str, str]] = {
     "v100-32gb": dict(
@@ -203,6 +230,7 @@ SOURCES: Dict[str, Dict[str, str]] = {
         gemm_efficiency=_V100_GEMM, fp32_gemm_efficiency=_V100_SGEMM,
         attention_efficiency="efficient: " + _FA2 + "; flash: not eligible on sm70 (" + _SDPA
         + ")", memory_efficiency=_MEM["v100"], kernel_overhead_s=_KERNEL + "1.83 us on a V100",
+        reduction_efficiency=_REDUCTION["volta"],
         link_efficiency="NVIDIA/nccl src/graph/topo.h: SM70_NVLINK_BW 20.0 GB/s per 25 GB/s "
         "link = 0.80 (NCCL's own model; no nccl-tests result for 8 x V100-SXM2 found)",
         network_efficiency="stas00/ml-engineering network/README.md: 'EFA v1 0.4 Tbps "
@@ -215,7 +243,8 @@ SOURCES: Dict[str, Dict[str, str]] = {
         "6 NVLinks, 150 GB/s per direction), 8 x 100 Gb/s InfiniBand EDR per node",
         gemm_efficiency="as v100-32gb", fp32_gemm_efficiency="as v100-32gb",
         attention_efficiency="as v100-32gb", memory_efficiency="as v100-32gb",
-        kernel_overhead_s="as v100-32gb", link_efficiency="as v100-32gb",
+        reduction_efficiency="as v100-32gb", kernel_overhead_s="as v100-32gb",
+        link_efficiency="as v100-32gb",
         reserved_bytes="as v100-32gb", network_efficiency=_NDR + " (EDR InfiniBand: NDR's "
         "fraction, assumed)"),
     "a100-40gb": dict(
@@ -263,11 +292,16 @@ V100_GEMM = (83 / 125, 83 / 7 / 15.7)
 #: streaming memory (BabelStream Triad / datasheet), the GPU's gap per kernel (CSCS null-kernel
 #: latency), NVLink (nccl-tests ring busbw / link) and a NIC (NVIDIA's NDR figure; EFA v1)
 V100_MEASURED = dict(memory_efficiency=846.5 / 900, kernel_overhead_s=1.83e-6,
-                     link_efficiency=20.0 / 25, network_efficiency=340 / 400)
+                     link_efficiency=20.0 / 25, network_efficiency=340 / 400,
+                     reduction_efficiency=dict(forward=524 / 900,
+                                               backward=524 / 900 * 700 / 1057))
+#: and PyTorch's row reductions (Liger-Kernel's LayerNorm medians / the card's datasheet peak)
 AMPERE_MEASURED = dict(kernel_overhead_s=2.7e-6, link_efficiency=0.78,
-                       network_efficiency=47 / 50)
+                       network_efficiency=47 / 50,
+                       reduction_efficiency=dict(forward=1057 / 1935, backward=700 / 1935))
 HOPPER_MEASURED = dict(kernel_overhead_s=2.7e-6, link_efficiency=0.82,
-                       network_efficiency=47 / 50)
+                       network_efficiency=47 / 50,
+                       reduction_efficiency=dict(forward=1819 / 3938, backward=1285 / 3938))
 
 
 def _gpu(name, description, memory_gib, peak, bandwidth, sms, cc, gemm,

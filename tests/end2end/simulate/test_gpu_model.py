@@ -10,10 +10,15 @@ import math
 
 import pytest
 
-from end2end.simulate.cost.gpu_model import kernel_seconds, phase_seconds, tile_utilisation
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from end2end.simulate.cost.gpu_model import (REDUCTION_KERNELS, kernel_seconds, phase_seconds,
+                                             tile_utilisation)
 from end2end.simulate.cost.profiles import GIB, PROFILES, SOURCES
 from end2end.simulate.cost.records import CollectiveRecord, OpRecord
 from end2end.simulate.cost.timing import collective_seconds, ring_bandwidth, ring_rate
+from end2end.simulate.engine.recorder import StepRecorder
 
 V100 = PROFILES["v100-32gb"]
 
@@ -81,6 +86,7 @@ def test_every_gpu_profile_names_its_sources():
     for name, profile in PROFILES.items():
         assert name in SOURCES, name
         for key in ("device", "gemm_efficiency", "attention_efficiency", "memory_efficiency",
+                    "reduction_efficiency",
                     "link_efficiency", "network_efficiency", "kernel_overhead_s", "host_op_s",
                     "reserved_bytes", "allocator_overhead"):
             assert SOURCES[name].get(key), (name, key)
@@ -164,3 +170,36 @@ def test_an_allocation_launches_no_kernel(name):
     assert kernel_seconds(alloc, V100) == 0.0
     assert kernel_seconds(fill, V100) > 1e-3  # a kernel writing 2 GiB
     assert phase_seconds([alloc], V100)["forward"] == pytest.approx(V100.host_op_s)
+
+
+def _reductions_of_a_layer() -> list:
+    """The ops a real LayerNorm -> softmax -> log-softmax forward and backward record."""
+    with FakeTensorMode():
+        norm = torch.nn.LayerNorm(256)
+        x = torch.randn(8, 128, 256, requires_grad=True)
+        with StepRecorder() as rec:
+            y = torch.log_softmax(torch.softmax(norm(x), -1), -1)
+            y.sum().backward()
+    return rec.ops
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_row_reductions_move_their_bytes_at_their_measured_fraction(name):
+    """PyTorch's softmax and layer-norm kernels reach less of the HBM bandwidth than a stream
+    (a block reduces a row, then rescales it): each moves its bytes at its direction's measured
+    ``reduction_efficiency``, an ``add`` of the same bytes at ``memory_efficiency``. The names
+    are what the recorder sees of a real forward and backward."""
+    profile = PROFILES[name]
+    ops = [op for op in _reductions_of_a_layer() if op.name in REDUCTION_KERNELS]
+    assert {op.name for op in ops} >= {"native_layer_norm", "native_layer_norm_backward",
+                                       "_softmax", "_softmax_backward_data", "_log_softmax",
+                                       "_log_softmax_backward_data"}
+    assert set(profile.reduction_efficiency) == {"forward", "backward"}
+    for op in ops:
+        share = profile.reduction_efficiency[REDUCTION_KERNELS[op.name]]
+        assert 0 < share < profile.memory_efficiency
+        assert kernel_seconds(op, profile) - profile.kernel_overhead_s == pytest.approx(
+            op.bytes / (profile.memory_bandwidth * share))
+        stream = dataclasses.replace(op, name="add")
+        assert kernel_seconds(op, profile) > kernel_seconds(stream, profile)
+    assert profile.reduction_efficiency["backward"] < profile.reduction_efficiency["forward"]
