@@ -54,6 +54,28 @@ def test_model_shapes_have_the_published_parameter_counts():
     assert count_parameters(build_model(llama3_8b.spec.model, device="meta")) == 8_030_261_248
 
 
+HOLDOUT = (ROOT / "docs/results/validation/holdout.cfg",
+           ROOT / "docs/results/validation/holdout_sources.tsv")
+
+
+def test_the_held_out_points_are_new_and_complete():
+    """The held-out set (chosen after the model was fixed, never used to change it) shares no
+    run with the validation set, fills every source field, and its MPT shapes have the
+    published parameter counts."""
+    held = load_points(*HOLDOUT)
+    assert len(held) >= 8 and all(p.part == "validation" for p in held)
+    assert not {p.spec.key for p in held} & {p.spec.key for p in load_points()}
+    assert not {p.id for p in held} & {p.id for p in load_points()}
+    for p in held:
+        assert published_samples(p) > 0, p.id
+        for key in ("source", "location", "version", "hardware", "system", "precision"):
+            assert p.info[key].strip(), (p.id, key)
+        published = re.search(r"NumParams (\d+)", p.info["location"])
+        if published:
+            model = build_model(p.spec.model, device="meta")
+            assert count_parameters(model) == int(published.group(1)), p.id
+
+
 def test_published_metrics_become_samples_per_second():
     by_id = {p.id: p for p in load_points()}
     assert published_samples(by_id["dle-v100-s128-n8"]) == 1305.6
