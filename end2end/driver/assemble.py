@@ -61,7 +61,7 @@ def build_runner(spec, layout, torch_dtype, device, builders: Optional[Any] = No
     if layout.pp > 1:
         ds_config = deepspeed_pipeline_config(layout.micro_batch_size, layout.num_microbatches)
     else:
-        ds_config = default_deepspeed_config(layout.local_batch)
+        ds_config = default_deepspeed_config(layout.micro_batch_size, layout.num_microbatches)
     return make_runner(spec.mode, target, schedule=schedule, ckpt=ckpt,
                        deepspeed_config=ds_config, num_microbatches=layout.num_microbatches,
                        seed=0, dtype=torch_dtype, tensor_parallel=layout.tp,

@@ -7,8 +7,9 @@ builder fits, one function here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -21,43 +22,75 @@ from end2end.driver.runner import (Batch, ModelSchedule, Runner, RunnerRequest, 
                                    config_of, default_deepspeed_config, prepare_hf_model,
                                    scheduled_model)
 
-__all__ = ["pipeline_runner", "plain_torch_step"]
+__all__ = ["pipeline_runner", "plain_torch_step", "micro_batches"]
 
 
-def _deepspeed_step(engine: Any) -> Callable[[Batch], float]:
+def micro_batches(batch: Batch, count: int) -> List[Batch]:
+    """``batch`` cut into ``count`` micro-batches of equal size along the batch dimension (every
+    input is batch-first); the layout (:func:`end2end.spec.layout.run_layout`) makes the
+    rank's batch a multiple of the micro-batch."""
+    if count == 1:
+        return [batch]
+    parts = {k: v.tensor_split(count) for k, v in batch.items()}
+    return [{k: chunks[i] for k, chunks in parts.items()} for i in range(count)]
+
+
+def _deepspeed_step(engine: Any, microbatches: int = 1) -> Callable[[Batch], float]:
+    """One optimizer step of a DeepSpeed engine over ``microbatches`` micro-batches (its config's
+    ``gradient_accumulation_steps``: the engine scales each loss and steps at the boundary);
+    the loss is the micro-batches' mean, averaged over data-parallel ranks."""
     group = getattr(engine, "data_parallel_group", None)
 
     def step(batch: Batch) -> float:
-        loss = engine(**{k: v.to(engine.device) for k, v in batch.items()}).loss
-        engine.backward(loss)
-        engine.step()
-        loss = loss.detach().clone()
-        dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=group)
-        return loss.item()
+        total = torch.zeros((), device=engine.device)
+        for part in micro_batches(batch, microbatches):
+            loss = engine(**{k: v.to(engine.device) for k, v in part.items()}).loss
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach().float() / microbatches
+        dist.all_reduce(total, op=dist.ReduceOp.AVG, group=group)
+        return total.item()
 
     return step
 
 
-def plain_torch_step(model: nn.Module, opt: torch.optim.Optimizer,
-                     dp_group: Any = None) -> Callable[[Batch], float]:
+def plain_torch_step(model: nn.Module, opt: torch.optim.Optimizer, dp_group: Any = None,
+                     microbatches: int = 1) -> Callable[[Batch], float]:
     """The training step of a model on plain PyTorch (also under DDP or FSDP2): a function
     ``step(batch) -> loss`` that zeroes the gradients, runs forward (keyword inputs moved to the
-    model's device; the model returns ``.loss``), backward and ``opt.step()``, and returns the
-    loss averaged over ``dp_group`` (``None``: this rank's). The builders of the torch modes
-    use it, and the simulator's stand-in for DeepSpeed (:mod:`end2end.simulate.engine.modelled`)."""
+    model's device; the model returns ``.loss``) and backward on each of ``microbatches``
+    equal micro-batches of the batch (gradient accumulation: each loss scaled by
+    ``1 / microbatches``, so the step's gradient is the whole batch's mean; DDP synchronises at
+    the last micro-batch only, FSDP2 reduce-scatters every micro-batch's gradient, its default,
+    and holds no unsharded gradient between them), then ``opt.step()``, and returns the
+    micro-batches' mean loss averaged over ``dp_group`` (``None``: this rank's). The builders
+    of the torch modes use it, and the simulator's stand-in for DeepSpeed
+    (:mod:`end2end.simulate.engine.modelled`)."""
     device = next(model.parameters()).device
 
     def step(batch: Batch) -> float:
         opt.zero_grad(set_to_none=True)
-        loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
-        loss.backward()
+        total = torch.zeros((), device=device)
+        parts = micro_batches(batch, microbatches)
+        for i, part in enumerate(parts):
+            with _gradient_sync(model, last=i == len(parts) - 1):
+                loss = model(**{k: v.to(device) for k, v in part.items()}).loss
+                (loss / microbatches if microbatches > 1 else loss).backward()
+            total += loss.detach().float() / microbatches
         opt.step()
-        loss = loss.detach().clone()
         if dp_group is not None:
-            dist.all_reduce(loss, op=dist.ReduceOp.AVG, group=dp_group)
-        return loss.item()
+            dist.all_reduce(total, op=dist.ReduceOp.AVG, group=dp_group)
+        return total.item()
 
     return step
+
+
+def _gradient_sync(model: nn.Module, last: bool) -> Any:
+    """DDP's ``no_sync()`` before the last micro-batch of an accumulated step (its gradients
+    are all-reduced once, after the last backward); nothing otherwise."""
+    if not last and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()
 
 
 def _deepspeed_pipeline_step(engine: Any) -> Callable[[Batch], float]:
@@ -114,7 +147,8 @@ def _fsdp_runner(request: RunnerRequest) -> Runner:
                              optimizer=request.optimizer,
                              mixed_precision=request.dtype if request.low_precision else None)
     dp_group = dist.group.WORLD if request.env.world_size > 1 else None
-    return Runner(request.mode.name, built, opt, plain_torch_step(built, opt, dp_group))
+    return Runner(request.mode.name, built, opt,
+                  plain_torch_step(built, opt, dp_group, request.num_microbatches))
 
 
 def _with_mode_recipe(request: RunnerRequest) -> RunnerRequest:
@@ -137,7 +171,8 @@ def _torch_runner(request: RunnerRequest) -> Runner:
     if not request.mode.slapo and request.env.world_size > 1:  # data parallel
         built = torch.nn.parallel.DistributedDataParallel(built)
         dp_group = dist.group.WORLD
-    return Runner(request.mode.name, built, opt, plain_torch_step(built, opt, dp_group))
+    return Runner(request.mode.name, built, opt,
+                  plain_torch_step(built, opt, dp_group, request.num_microbatches))
 
 
 @builds("deepspeed", "slapo-deepspeed")
@@ -148,7 +183,8 @@ def _deepspeed_runner(request: RunnerRequest) -> Runner:
     _add_precision(ds_config, request.dtype)
     engine, opt = slapo.build(scheduled_model(request), target="deepspeed",
                               optimizer=request.optimizer, config=ds_config)
-    return Runner(request.mode.name, engine, opt, _deepspeed_step(engine))
+    return Runner(request.mode.name, engine, opt,
+                  _deepspeed_step(engine, request.num_microbatches))
 
 
 def _add_precision(ds_config: Dict[str, Any], dtype: Optional[torch.dtype]) -> None:
@@ -171,14 +207,19 @@ def _dtensor_tp_runner(request: RunnerRequest) -> Runner:
     model = apply_tp_plan(model.to(env.device), family, mesh)
     opt = request.optimizer([p for p in model.parameters() if p.requires_grad])
 
+    microbatches = request.num_microbatches
+
     def step(batch: Batch) -> float:
         opt.zero_grad(set_to_none=True)
-        with parallel_loss():
-            loss = model(**{k: v.to(env.device) for k, v in batch.items()}).loss
-            loss.backward()
+        total = 0.0
+        for part in micro_batches(batch, microbatches):
+            with parallel_loss():
+                loss = model(**{k: v.to(env.device) for k, v in part.items()}).loss
+                (loss / microbatches if microbatches > 1 else loss).backward()
+            loss = loss.detach()
+            total += (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).item()
         opt.step()
-        loss = loss.detach()
-        return (loss.full_tensor() if hasattr(loss, "full_tensor") else loss).item()
+        return total / microbatches
 
     return Runner(request.mode.name, model, opt, step)
 
@@ -193,7 +234,8 @@ def _hf_tp_runner(request: RunnerRequest) -> Runner:
     env = request.env
     model = apply_hf_tensor_parallel(prepare_hf_model(request).to(env.device), env.world_size)
     opt = request.optimizer([p for p in model.parameters() if p.requires_grad])
-    return Runner(request.mode.name, model, opt, plain_torch_step(model, opt))
+    return Runner(request.mode.name, model, opt,
+                  plain_torch_step(model, opt, microbatches=request.num_microbatches))
 
 
 def pipeline_runner(request: RunnerRequest, sch: slapo.Schedule) -> Runner:

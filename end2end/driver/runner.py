@@ -41,12 +41,14 @@ def default_optimizer(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1.5e-4)
 
 
-def default_deepspeed_config(micro_batch: int = 1) -> Dict[str, Any]:
-    """ZeRO-3 with ``micro_batch`` samples per rank and step (no gradient accumulation), fp32,
-    no DeepSpeed optimizer section (a torch optimizer is passed), and no gradient clipping
-    (DeepSpeed's default clips at 1.0; the megatron runtime does not clip). The one ZeRO-3
-    config of the harness: the driver's runs and the simulator's calibration use it."""
-    return {"train_micro_batch_size_per_gpu": micro_batch, "gradient_accumulation_steps": 1,
+def default_deepspeed_config(micro_batch: int = 1, accumulation: int = 1) -> Dict[str, Any]:
+    """ZeRO-3 with ``micro_batch`` samples per rank and micro-batch, ``accumulation``
+    micro-batches per step (gradient accumulation), fp32, no DeepSpeed optimizer section (a
+    torch optimizer is passed), and no gradient clipping (DeepSpeed's default clips at 1.0; the
+    megatron runtime does not clip). The one ZeRO-3 config of the harness: the driver's runs
+    and the simulator's calibration use it."""
+    return {"train_micro_batch_size_per_gpu": micro_batch,
+            "gradient_accumulation_steps": accumulation,
             "gradient_clipping": 0.0, "zero_optimization": {"stage": 3}}
 
 

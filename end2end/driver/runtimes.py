@@ -100,7 +100,8 @@ def make_runner(
             for megatron's recomputation.
         optimizer: factory ``fn(params)``, the same in every mode.
         deepspeed_config: DeepSpeed config of the ``*deepspeed`` modes (default ZeRO-3).
-        num_microbatches: micro-batches per step of the ``*megatron`` modes and pipelines.
+        num_microbatches: micro-batches per step: a pipeline's, or gradient accumulation
+            (every mode; :func:`~end2end.driver.builders.plain_torch_step`).
         seed: weights are drawn after ``torch.manual_seed(seed)``.
         dtype: training precision (default fp32). Modes with
             :attr:`~end2end.spec.modes.Mode.mixed_precision` keep fp32 master weights (in the

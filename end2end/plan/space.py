@@ -80,7 +80,8 @@ class Candidate:
 
     @property
     def gives_micro(self) -> bool:
-        """Whether the line names its micro-batch (megatron modes and pipelines)."""
+        """Whether the line names its micro-batch (the planner searches micro-batches in the
+        megatron modes and pipelines only)."""
         return get_mode(self.mode).framework == "megatron" or self.pp > 1
 
     @property

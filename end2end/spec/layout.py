@@ -3,9 +3,10 @@
 The world is TP x DP x PP (:mod:`slapo.dialects.layout`: tensor-parallel ranks fastest, then the
 data-parallel replica, then the pipeline stage). A data-parallel replica trains on
 ``local_batch = B / DP`` samples per step, split into ``num_microbatches`` micro-batches of
-``micro_batch_size`` samples (gradient accumulation in the megatron modes, the micro-batches of
-a pipeline). The driver (:mod:`end2end.driver.bench`) and the simulator check a run with the
-same :func:`run_layout`, so an unsupported layout is the same ``ConfigError`` in both.
+``micro_batch_size`` samples (gradient accumulation without a pipeline, in every mode; the
+micro-batches of a pipeline). The driver (:mod:`end2end.driver.bench`) and the simulator check
+a run with the same :func:`run_layout`, so an unsupported layout is the same ``ConfigError``
+in both.
 
 Results files keep the layout's older record names (``micro_batch``, ``microbatches``:
 :meth:`Layout.as_record`) so that committed rows stay readable.
@@ -95,8 +96,7 @@ def default_micro_batch(local_batch: int, pp: int) -> int:
 def run_layout(spec) -> Layout:
     """The :class:`Layout` of a :class:`~end2end.spec.runspec.RunSpec`; ``ConfigError`` if
     the run is unsupported (a mode that cannot pipeline, TP x PP not dividing the ranks, a
-    batch not divisible by DP or by the micro-batch, micro-batches outside the megatron modes
-    and pipelines)."""
+    batch not divisible by DP or by the micro-batch)."""
     tp, pp, dp = spec.parallel_sizes
     check_pipeline_mode(spec.mode, pp)
     spec.mode_info.check_tp(tp, pp, spec.n)
@@ -112,8 +112,4 @@ def run_layout(spec) -> Layout:
     if local % micro:
         raise ConfigError(f"the per-rank batch {local} is not a multiple of micro-batch {micro}",
                           call="end2end.bench")
-    if micro != local and spec.framework != "megatron" and pp == 1:
-        raise ConfigError("micro-batches (gradient accumulation) are implemented for the "
-                          "megatron modes and pipelines (--pp > 1) only", call="end2end.bench",
-                          hint="drop --micro-batch-size")
     return Layout(tp, pp, dp, local, micro, local // micro)

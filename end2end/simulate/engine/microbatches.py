@@ -16,8 +16,8 @@ line through 1 and 2 misses the growth; from 2 on it is linear, tests/end2end/si
   step (parameters, gradients, optimizer states), with ``F`` the micro-batches whose
   activations are alive at once: all ``M`` in Slapo's torch pipeline (GPipe: every forward, then
   every backward), ``min(M, P - s)`` on stage ``s`` of a DeepSpeed pipeline (1F1B), and for
-  gradient accumulation the measured growth (about nothing: a micro-batch's activations are
-  freed by its backward) times ``M - 2``.
+  gradient accumulation (any mode without a pipeline) the measured growth (about nothing: a
+  micro-batch's activations are freed by its backward) times ``M - 2``.
 
 Runs with at most 3 micro-batches are simulated as they are.
 """

@@ -28,8 +28,9 @@ engine holds it), and replaces what ZeRO-3 changes by its model (:func:`zero3_me
 * collectives per step, over the DP group: one all-gather per module that holds partitioned
   parameters, as DeepSpeed's pre-forward hook fetches it, in the forward and again in the
   backward (again for the recomputation when checkpointing), and a reduce-scatter per reduce
-  bucket; prefetching (bounded by the prefetch bucket) overlaps every gather but the first of a
-  phase with the modules before it, so the first is exposed;
+  bucket, all of them once per micro-batch under gradient accumulation; prefetching (bounded by
+  the prefetch bucket) overlaps every gather but the first of a phase with the modules before
+  it, so the first is exposed;
 * its Python outside the recorded ops (:func:`zero3_costs`): per phase, the rank's hooked
   modules (every module of the model), parameters and parameter bytes, charged on the ``cpu``
   profile at the seconds per module / parameter / byte measured with a real ZeRO-3 engine
@@ -84,11 +85,13 @@ def zero3_memory(params: int, dp: int, low_precision: bool, largest_module: int,
 
 
 def zero3_collectives(gathered: List[int], params: int, dp_ranks: tuple, low_precision: bool,
-                      recompute: bool) -> List[CollectiveRecord]:
+                      recompute: bool, microbatches: int = 1) -> List[CollectiveRecord]:
     """ZeRO-3's collectives of one step on this rank, over the DP group ``dp_ranks``:
     ``gathered``, the elements each module fetches (its partitioned parameters, in module
     order), all-gathered per module in each pass; ``params`` reduce-scattered per bucket. The
-    first gather of a pass is ``exposed`` (module docstring)."""
+    first gather of a pass is ``exposed`` (module docstring). With gradient accumulation every
+    one of the ``microbatches`` runs its passes and reduces its gradients (ZeRO-3 accumulates
+    the reduced partitions)."""
     if len(dp_ranks) < 2:
         return []
     half = 2 if low_precision else 4
@@ -103,7 +106,7 @@ def zero3_collectives(gathered: List[int], params: int, dp_ranks: tuple, low_pre
                              "backward")] * full
     if rest:
         out.append(CollectiveRecord("reducescatter", rest * half, g, dp_ranks, "backward"))
-    return out
+    return out * microbatches
 
 
 def module_gathers(model) -> Tuple[List[int], int]:
@@ -117,13 +120,16 @@ def module_gathers(model) -> Tuple[List[int], int]:
     return sizes, persistent
 
 
-def zero3_costs(modules: int, params: int, param_bytes: int, dtype: str) -> List[OpRecord]:
+def zero3_costs(modules: int, params: int, param_bytes: int, dtype: str,
+                microbatches: int = 1) -> List[OpRecord]:
     """ZeRO-3's per-step Python on a rank whose model has ``modules`` modules (DeepSpeed hooks
     every one), ``params`` trainable parameters of ``param_bytes`` bytes: one record per
-    (count, phase), its ``weight`` the count (``cpu_model.RUNTIME_COSTS`` prices them)."""
-    return [OpRecord(0, 0, dtype, phase, weight=float(count), name=f"zero3.{what}")
+    (count, phase), its ``weight`` the count (``cpu_model.RUNTIME_COSTS`` prices them); the
+    forward and backward hooks run once per micro-batch, the optimizer's once per step."""
+    per_phase = dict(forward=microbatches, backward=microbatches, optimizer=1)
+    return [OpRecord(0, 0, dtype, phase, weight=float(count * times), name=f"zero3.{what}")
             for what, count in (("module", modules), ("param", params), ("byte", param_bytes))
-            for phase in ("forward", "backward", "optimizer") if count]
+            for phase, times in per_phase.items() if count]
 
 
 @dataclasses.dataclass
@@ -179,12 +185,14 @@ class Modelled:
                    peak=states + max(activation + zero["working"], zero["optimizer_temp"]))
         ranks = tuple(range(dist.get_world_size()))
         recompute = self.spec.ckpt not in ("0", "0.0")
-        result.collectives.extend(zero3_collectives(gathered, params, ranks, low, recompute))
+        micro = self.layout.num_microbatches
+        result.collectives.extend(zero3_collectives(gathered, params, ranks, low, recompute,
+                                                    micro))
         trained = [p for p in runner.model.parameters() if p.requires_grad]
         result.ops.extend(zero3_costs(
             sum(1 for _ in runner.model.modules()), len(trained),
             sum(p.numel() * p.element_size() for p in trained),
-            str(trained[0].dtype).replace("torch.", "") if trained else "float32"))
+            str(trained[0].dtype).replace("torch.", "") if trained else "float32", micro))
 
 
 def _pipeline_master_states(result, low_precision: bool) -> None:
@@ -216,19 +224,25 @@ def _zero3_builder(request):
     for p in trained:
         p.grad = torch.zeros_like(p)
     opt = request.optimizer(trained)
-    return Runner(request.mode.name, built, opt, _zero3_step(built, opt))
+    return Runner(request.mode.name, built, opt,
+                  _zero3_step(built, opt, request.num_microbatches))
 
 
-def _zero3_step(model, opt):
-    """The stand-in's training step: forward, backward into the existing gradients, the
-    optimizer's step (the loss read back, as the driver's step does)."""
+def _zero3_step(model, opt, microbatches: int = 1):
+    """The stand-in's training step: forward and backward of each micro-batch into the
+    existing gradients, the optimizer's step (the loss read back, as the driver's step does)."""
+    from end2end.driver.builders import micro_batches
+
     device = next(model.parameters()).device
 
     def step(batch) -> float:
-        loss = model(**{k: v.to(device) for k, v in batch.items()}).loss
-        loss.backward()
+        total = 0.0
+        for part in micro_batches(batch, microbatches):
+            loss = model(**{k: v.to(device) for k, v in part.items()}).loss
+            (loss / microbatches if microbatches > 1 else loss).backward()
+            total += loss.detach().item() / microbatches
         opt.step()
-        return loss.detach().item()
+        return total
 
     return step
 

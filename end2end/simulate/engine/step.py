@@ -99,6 +99,7 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
     from end2end.simulate.cost.kernels import GpuAttention
     from end2end.simulate.cost.megatron_kernels import fused_softmax_kernels
     from end2end.simulate.engine.modelled import Modelled
+    from end2end.simulate.cost.records import work_totals
 
     from slapo.runtime.distributed import init_distributed
 
@@ -132,9 +133,10 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
         base += recorder.untracked_bytes(t for ts in _state_tensors(runner).values() for t in ts)
         memory = dict(after, **steady_memory(base, recorder.phase_peak, before, after))
         result = RankResult(rank, recorder.ops, recorder.collectives, memory, params,
-                            totals=recorder.totals(),
                             attention=dict(getattr(attention, "chosen", {})))
         modelled.finish(result, runner)
+        # after what a modelled runtime adds (ZeRO-3's collectives and Python)
+        result.totals = work_totals(result.ops, result.collectives)
         return result
 
 

@@ -86,9 +86,10 @@ def test_pipeline_layout_and_micro_batches():
     assert (lay.tp, lay.pp, lay.dp, lay.local_batch) == (2, 2, 2, 4)
     with pytest.raises(ConfigError, match="batch 4 is not a multiple of micro_batch 3"):
         _layout_of("slapo", 2, "--pp", "2", "--micro-batch-size", "3")
-    # without pipelines, micro-batches stay a megatron feature
-    with pytest.raises(ConfigError, match="megatron modes and pipelines"):
-        _layout_of("slapo", 2, "--micro-batch-size", "2")
+    # without a pipeline, micro-batches are gradient accumulation, in every mode
+    for mode in ("slapo", "eager", "fsdp", "deepspeed", "dtensor-tp"):
+        lay = _layout_of(mode, 2, "--micro-batch-size", "1")
+        assert (lay.micro_batch_size, lay.num_microbatches) == (1, lay.local_batch) != (1, 1)
 
 
 @pytest.mark.parametrize("mode,instead", [

@@ -104,3 +104,36 @@ def test_slapo_attention_with_dropout_runs_the_fused_kernel_on_gpu_profiles():
         with StepRecorder() as rec:
             attention(q, k, v, dropout_p=0.1)
     assert any(op.name in ("bmm", "matmul", "_softmax") for op in rec.ops)
+
+
+def accumulated(mode: str, micro_batch: int) -> dict:
+    """Rank 0's simulated step of ``mode`` on 2 ranks, batch 8 per rank at sequence 256 (the
+    activations outweigh the states), in micro-batches of ``micro_batch`` (run in a process of
+    its own)."""
+    from end2end.spec.layout import run_layout
+    from end2end.simulate.engine.microbatches import simulate_role
+
+    spec = make_run_spec(mode, "cpu/llama", 2, 256, 0, 16, "0", steps=1, warmup=0,
+                         dtype="fp32", micro_batch=micro_batch)
+    layout = run_layout(spec)
+    r = simulate_role(spec, layout, 0)
+    return dict(totals=r.totals, peak=r.memory["peak"], microbatches=layout.num_microbatches)
+
+
+@pytest.mark.parametrize("mode", ["fsdp", "deepspeed", "eager"])
+def test_gradient_accumulation_does_the_batch_s_work_and_syncs_as_its_runtime_does(mode):
+    """4 micro-batches of 2 (extrapolated from 2 and 3) against one of 8: the same FLOPs, a
+    smaller peak (one micro-batch's activations alive), and the gradient sync of the runtime:
+    FSDP2 and ZeRO-3 reduce-scatter every micro-batch's gradients (ZeRO-3 gathers the
+    parameters again too), DDP all-reduces once, after the last."""
+    from end2end.simulate.engine.isolated import isolated
+
+    here = "tests.end2end.simulate.test_microbatches.accumulated"
+    whole, acc = isolated(here, mode, 8), isolated(here, mode, 2)
+    assert (whole["microbatches"], acc["microbatches"]) == (1, 4)
+    for key in ("flops_forward", "flops_backward"):
+        assert acc["totals"][key] == pytest.approx(whole["totals"][key], rel=1e-6), key
+    assert acc["peak"] < whole["peak"], (acc["peak"], whole["peak"])
+    kind = "allreduce" if mode == "eager" else "reducescatter"
+    sync = acc["totals"][f"comm_{kind}_bytes"] / whole["totals"][f"comm_{kind}_bytes"]
+    assert sync == pytest.approx(1 if mode == "eager" else 4, rel=0.01), sync

@@ -185,6 +185,20 @@ def test_zero3_costs_are_charged_by_module_parameter_and_byte_counts_on_cpu_only
     assert all(r.flops == 0 and r.bytes == 0 for r in records)
 
 
+def test_zero3_under_gradient_accumulation_gathers_and_reduces_every_micro_batch():
+    """With M micro-batches ZeRO-3 runs each one's forward and backward hooks, gathers and
+    gradient reduce-scatter (it accumulates the reduced partitions); the optimizer's share
+    stays once per step."""
+    from end2end.simulate.engine.modelled import zero3_collectives, zero3_costs
+
+    one = zero3_collectives([10 ** 6, 2 * 10 ** 6], 3 * 10 ** 6, (0, 1), True, False)
+    three = zero3_collectives([10 ** 6, 2 * 10 ** 6], 3 * 10 ** 6, (0, 1), True, False, 3)
+    assert len(one) == 5 and sorted(three, key=repr) == sorted(one * 3, key=repr)
+    weights = {(r.phase, r.name): r.weight for r in zero3_costs(10, 20, 100, "float32", 3)}
+    assert weights[("forward", "zero3.module")] == weights[("backward", "zero3.module")] == 30
+    assert weights[("optimizer", "zero3.module")] == 10
+
+
 def test_zero3_calibration_solves_its_three_models_back_to_the_costs():
     """:func:`calibrate_zero3.solve` on extra seconds made from known costs (and collectives
     the time model charges the bytes model, which it must take off) recovers the costs."""
