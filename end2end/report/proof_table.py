@@ -39,12 +39,21 @@ def file_provenance(root: Path, path: Path, what: str) -> str:
     profile = f" with the profile '{env['profile']}'" if env.get("profile") else ""
     command = path.with_suffix(".cmd")
     lines = command.read_text().splitlines() if command.is_file() else []
-    commands = [" ".join(shlex.split(c)) for c in lines if c.strip()]
+    commands = [_one_line(c) for c in lines if c.strip()]
     made = (", made by " + ", then ".join(f"`{c}`" for c in commands)) if commands else ""
     rel = path.relative_to(root)
     return (f"{what} {span} on {env.get('cpu_model', 'an unrecorded machine')} ({cores} cores)"
             f"{profile}, commit {', '.join(commits)}; {len(res.rows)} rows in [`{rel}`](/{rel})"
             f"{made}.")
+
+
+def _one_line(command: str) -> str:
+    """A ``.cmd`` line with its whitespace normalised as the shell reads it; a line the shell
+    would not split (a comment with an apostrophe) as it is written."""
+    try:
+        return " ".join(shlex.split(command))
+    except ValueError:
+        return " ".join(command.split())
 
 
 def _existing(root: Path, name: str) -> Path:

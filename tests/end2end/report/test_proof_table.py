@@ -41,7 +41,8 @@ def _files(tmp_path: Path):
                                       time="2026-12-02T04:20:00"),
                       env=dict(ENV, profile="this machine, measured 2026-12-02 04:05"))
     simulated.with_suffix(".cmd").write_text("python -m end2end.simulate.proof c.cfg "
-                                             "--measured docs/results/m.tsv\n")
+                                             "--measured docs/results/m.tsv\n"
+                                             "# run on the lead's  machine\n")
     return measured, simulated
 
 
@@ -60,6 +61,8 @@ def test_the_proof_block_tables_statistics_pairs_and_provenance(tmp_path):
             "'this machine, measured 2026-12-02 04:05'") in text
     assert "made by `python -m end2end.simulate.proof c.cfg --measured docs/results/m.tsv`" \
         in text
+    # a comment line the shell would not split (its apostrophe) is kept as written
+    assert "then `# run on the lead's machine`" in text
     # eager tiny/bert: measured median 2.1 samples/s (rounds 2-2.2), predicted 2.0: -5 %;
     # memory +10 %
     assert ("| eager tiny/bert n=1 s=32 b=4 ckpt=0 | 1.000 | 1.100 | +10% | 2.1 (2-2.2) | 2 | "

@@ -1,0 +1,2 @@
+python -m end2end.simulate.proof end2end/configs/cpu_holdout.cfg --calibrate --out docs/results/cpu_holdout_proof
+# run 2026-12-04 14:13:41-14:24:36 UTC in one job from a clean worktree of df5fd9b on the 2-core AMD EPYC development machine, nothing else running (the calibration's load average 1.32 is the held-out GPU validation that ended just before it; busy 0 %, steal 0 %): the calibration, 3 interleaved rounds of the 14 lines, the simulation
