@@ -58,7 +58,9 @@ through the recipe's ``pipeline_cuts``/``example_inputs`` knobs; the world is TP
 (``--tp``, default 1), every rank of a replica gets the replica's batch, split into micro-batches
 (``--micro-batch-size``; default ``P`` of them when they divide). Other modes refuse ``--pp`` with
 a ``ConfigError`` (a ``fail`` row) naming what to use instead. Throughput, memory, parameters per
-rank (the rank's stage) and FLOPs are measured exactly as for the other modes.
+rank (the rank's stage) and FLOPs are measured exactly as for the other modes. Without a
+pipeline, ``--micro-batch-size`` below the rank's batch is gradient accumulation in every mode
+(:func:`end2end.driver.builders.plain_torch_step`).
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pipeline stages; > 1 pipelines the slapo/slapo-deepspeed modes "
                         "(default: 1)")
     p.add_argument("--micro-batch-size", type=number(int, minimum=1), default=None,
-                   help="micro-batch per rank (megatron modes, pipelines; default: P "
+                   help="micro-batch per rank: below the rank's batch, gradient "
+                        "accumulation (every mode) or a pipeline's micro-batches (default: P "
                         "micro-batches when they divide the rank's batch, else one)")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="training device (default: CUDA when available)")
