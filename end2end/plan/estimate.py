@@ -9,9 +9,10 @@ devices costs
   run below the peak);
 * tensor parallelism: four all-reduces of a micro-batch's activations per layer (two forward,
   two backward, two more when recomputed), on NVLink, never hidden;
-* data parallelism: the gradients' all-reduce (DDP, megatron, DeepSpeed pipelines) or
-  ZeRO-3/FSDP's two all-gathers and one reduce-scatter of the weights, over NVLink inside a
-  node and the node's network share across nodes, exposed where longer than the backward pass;
+* data parallelism: the gradients' all-reduce (DDP, megatron, DeepSpeed pipelines: once a
+  step) or ZeRO-3/FSDP's two all-gathers and one reduce-scatter of the weights (once per
+  micro-batch under gradient accumulation), over NVLink inside a node and the node's network
+  share across nodes, exposed where longer than the backward pass;
 * the host: eager PyTorch issues about :data:`OPS_PER_LAYER` ops per layer and micro-batch
   (forward and backward), each at least the profile's ``host_op_s``;
 * the pipeline bubble: ``(PP - 1) / M`` of the pipelined time, ``M`` micro-batches per replica.
@@ -82,8 +83,8 @@ def estimate_seconds(cand: Candidate, cluster: Cluster) -> Dict[str, float]:
                                                                   cluster.nvlink_bytes_s, 2)
     weights = parameter_count(spec) * b / (cand.tp * cand.pp)
     bandwidth = _dp_bandwidth(cand, cluster)
-    if shards_states_over_dp(cand.mode, cand.pp):
-        dp = 3 * _ring_seconds(weights, cand.dp, bandwidth, 1) * (1 + r / 2)
+    if shards_states_over_dp(cand.mode, cand.pp):  # gathered and reduced every micro-batch
+        dp = 3 * _ring_seconds(weights, cand.dp, bandwidth, 1) * (1 + r / 2) * cand.accumulation
     else:
         dp = _ring_seconds(weights, cand.dp, bandwidth, 2)
     dp_exposed = max(0.0, dp - compute * 2 / 3)

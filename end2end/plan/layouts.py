@@ -163,12 +163,6 @@ def _check(row: PublishedLayout, where: str) -> None:
     if row.global_batch % (row.dp * row.micro):
         raise _error(where, f"global_batch {row.global_batch} is not a multiple of dp {row.dp} "
                      f"x micro {row.micro}")
-    local = row.global_batch // row.dp
-    if not row.candidate().gives_micro and row.micro != local:
-        raise _error(where, f"mode {row.mode} without a pipeline runs the replica's whole batch "
-                     f"({local}) at once: micro {row.micro} cannot be expressed",
-                     hint=f"set micro to {local}, or use a megatron mode for gradient "
-                          "accumulation")
 
 
 def parse_layouts(text: str, name: str = "<table>") -> List[PublishedLayout]:

@@ -73,14 +73,12 @@ class SpaceLimits:
         """Whether TP x PP is among the given sizes."""
         return (not self.tp or tp in self.tp) and (not self.pp or pp in self.pp)
 
-    def micros(self, planned: Sequence[int], local: int, batching: bool) -> List[int]:
+    def micros(self, planned: Sequence[int], local: int) -> List[int]:
         """The micro-batches tried for a replica batch of ``local`` samples: ``planned`` (the
-        planner's), or ``local / a`` for each given accumulation ``a`` that divides it (only
-        ``a = 1`` where the mode runs no micro-batches, ``batching`` false)."""
+        planner's), or ``local / a`` for each given accumulation ``a`` that divides it."""
         if not self.accumulation:
             return list(planned)
-        return sorted({local // a for a in self.accumulation
-                       if local % a == 0 and (batching or a == 1)})
+        return sorted({local // a for a in self.accumulation if local % a == 0})
 
 
 #: The planner's own choices everywhere (the default of ``enumerate_space`` and ``SearchOptions``)

@@ -8,9 +8,10 @@ modes :mod:`end2end.spec.modes` says what each accepts):
   or none; a pipeline takes any), at most the GPUs of one node;
 * PP: 1, or the divisors of the world for the modes with a pipeline runtime;
 * DP = world / (TP x PP), which must divide the global batch;
-* the micro-batch: powers of two dividing the replica's batch where the driver runs
-  micro-batches (the megatron modes' gradient accumulation and pipelines), else the whole
-  replica's batch; the global batch = DP x micro x accumulation;
+* the micro-batch: powers of two up to :data:`MAX_MICRO` dividing the replica's batch (a
+  pipeline's micro-batches, or gradient accumulation, which every mode runs), and without a
+  pipeline outside the megatron modes the whole replica's batch too (no accumulation); the
+  global batch = DP x micro x accumulation;
 * CKPT: ``0, 0.5, op, 1`` (Slapo modes' ratio, and ``op``: every layer checkpointed
   selectively; not on vision models), ``0, selective, full`` (megatron), ``0, 1`` (HF gradient
   checkpointing) (:mod:`end2end.plan.ckpt`);
@@ -80,9 +81,10 @@ class Candidate:
 
     @property
     def gives_micro(self) -> bool:
-        """Whether the line names its micro-batch (the planner searches micro-batches in the
-        megatron modes and pipelines only)."""
-        return get_mode(self.mode).framework == "megatron" or self.pp > 1
+        """Whether the line names its micro-batch: the megatron modes and pipelines always,
+        the other modes when they accumulate gradients (their default is the replica's whole
+        batch)."""
+        return get_mode(self.mode).framework == "megatron" or self.pp > 1 or self.accumulation > 1
 
     @property
     def pragma(self) -> str:
@@ -157,13 +159,13 @@ def _layouts(mode: str, n: int) -> List[Tuple[int, int]]:
 
 
 def _micros(mode: str, pp: int, local: int) -> List[int]:
-    if get_mode(mode).framework != "megatron" and pp == 1:
-        return [local]
     out, m = [], 1
     while m <= min(local, MAX_MICRO):
         if local % m == 0:
             out.append(m)
         m *= 2
+    if get_mode(mode).framework != "megatron" and pp == 1 and local not in out:
+        out.append(local)  # the mode's default: no accumulation
     return out
 
 
@@ -197,9 +199,8 @@ def _add_layout(space: Space, spec: ModelSpec, cluster: Cluster, base: dict,
                len(ckpts))
         return
     local = base["batch"] // dp
-    batching = get_mode(mode).framework == "megatron" or pp > 1
     points = [(micro, ckpt, knobs)
-              for micro in limits.micros(_micros(mode, pp, local), local, batching)
+              for micro in limits.micros(_micros(mode, pp, local), local)
               for ckpt in ckpts
               for knobs in limits.knob_texts(knob_choices(spec, mode, tp))]
     for micro, ckpt, knobs in points:

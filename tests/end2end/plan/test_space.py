@@ -39,6 +39,18 @@ def test_every_candidate_is_a_config_line_the_driver_accepts():
         assert spec.dtype == "bf16" and spec.n == 4
 
 
+def test_every_mode_is_searched_with_gradient_accumulation_too():
+    """Micro-batches below the replica's batch in the modes that are neither megatron nor
+    pipelined (the driver accumulates gradients in every mode): powers of two and the whole
+    batch; the line names its micro-batch only when it accumulates."""
+    space = enumerate_space("tiny/llama", parse_cluster("h100-80gb:2x1"), 64, 16, "bf16")
+    for mode in ("fsdp", "deepspeed", "eager", "slapo-fsdp"):
+        cands = [c for c in space.candidates if c.mode == mode and c.tp == 1]
+        assert {c.micro for c in cands} == {1, 2, 4, 8}, mode  # replica batch 8
+        for c in cands:
+            assert ("micro_batch=" in c.pragma) == (c.accumulation > 1), c.label
+
+
 def test_divisibility_prunes_tp_and_pp_that_do_not_split_the_model():
     cluster = parse_cluster("h100-80gb:4x1")
     space = enumerate_space(ODD, cluster, 64, 16, "bf16")
