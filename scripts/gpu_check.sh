@@ -3,12 +3,16 @@
 # it has not run on a GPU yet, so that is a budget, not a measurement):
 #   1. attention kernels (flash / efficient / cudnn / math) vs eager attention, bf16, fwd+bwd:
 #      speed and error (scripts/gpu_attention_check.py -> attention.tsv);
-#   2. single-GPU training, eager HF vs Slapo, bf16: BERT-large and GPT-Neo-1.3B, a few steps
-#      each (end2end/configs/gpu_check.cfg through the sweep and end2end/driver/bench.py -> gpu_check.tsv);
+#   2. single-GPU training, eager HF vs Slapo, bf16: BERT-large (also recomputing), GPT-Neo-1.3B
+#      and OPT-1.3B, a few steps each (end2end/configs/gpu_check.cfg through the sweep and
+#      end2end/driver/bench.py -> gpu_check.tsv), and one more step of each under the torch
+#      profiler (-> profiles/: each op's and kernel's GPU time, for the simulator's per-op model);
 #   3. each training line beside the simulator's h200 prediction of it (issue 25, item 8):
 #      gpu_check.cfg is simulated for the `h200` profile on the CPU while step 1 runs on the GPU
 #      (python -m end2end.simulate ... -> gpu_check.h200.sim.tsv, bounded by SIM_TIMEOUT seconds,
-#      default 150, and finished before the measured sweep starts), and after the sweep
+#      default 240, and finished before the measured sweep starts; predictions already in that
+#      file are kept: the simulation is deterministic, so a file made on any machine at the same
+#      commit can be put there first and only missing rows are simulated), and after the sweep
 #      python -m end2end.simulate.compare prints measured vs predicted samples/s and memory with
 #      their ratio (-> gpu_check_vs_h200.txt);
 #   4. a figure of both (scripts/gpu_check_figure.py -> gpu_check.png/.pdf, or .svg without
@@ -55,7 +59,7 @@ PY
 mkdir -p "$OUT"
 start=$(date +%s)
 "$PY" "$ROOT/scripts/env_dump.py" --device cuda > "$OUT/env.txt"
-SIM_TIMEOUT="${SIM_TIMEOUT:-150}"
+SIM_TIMEOUT="${SIM_TIMEOUT:-240}"
 echo "== h200 predictions of the training lines: simulated on the CPU during step 1 =="
 (cd "$ROOT" && CUDA_VISIBLE_DEVICES="" timeout "$SIM_TIMEOUT" "$PY" -m end2end.simulate \
   end2end/configs/gpu_check.cfg --device h200 --results "$OUT/gpu_check.h200.sim.tsv" \
@@ -69,7 +73,7 @@ wait "$sim_pid" || echo "gpu_check.sh: the h200 simulation failed or took over" 
 echo "== 2/4 eager vs slapo training, 1 GPU (bf16) =="
 cd "$ROOT"
 "$PY" -m end2end.sweep end2end/configs/gpu_check.cfg --results "$OUT/gpu_check.tsv" \
-  --device cuda --max-devices 1 --timeout 150 || true
+  --device cuda --max-devices 1 --timeout 150 --profile "$OUT/profiles" || true
 echo "== 3/4 measured vs the h200 prediction =="
 "$PY" -m end2end.simulate.compare "$OUT/gpu_check.tsv" "$OUT/gpu_check.h200.sim.tsv" \
   --profile h200 | tee "$OUT/gpu_check_vs_h200.txt" || true

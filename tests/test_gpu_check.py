@@ -62,7 +62,7 @@ def _commands(module: str) -> list:
     for line in text.splitlines():
         if f"-m {module}" not in line:
             continue
-        words = shlex.split(line.replace('"$OUT', '"/out').replace('"$SIM_TIMEOUT"', "150"),
+        words = shlex.split(line.replace('"$OUT', '"/out').replace('"$SIM_TIMEOUT"', "240"),
                             comments=True)
         for i, word in enumerate(words[:-1]):
             if word == "-m" and words[i + 1] == module:
@@ -87,7 +87,7 @@ def test_the_h200_prediction_commands_parse_and_name_the_measured_config():
     assert args.config == sweep[0] == "end2end/configs/gpu_check.cfg"
     assert (ROOT / args.config).is_file()
     assert args.device == "h200" and args.results == "/out/gpu_check.h200.sim.tsv"
-    assert args.timeout == 150
+    assert args.timeout == 240
     cmp_args = compare_parser().parse_args(compare)
     assert cmp_args.measured == sweep[sweep.index("--results") + 1] == "/out/gpu_check.tsv"
     assert cmp_args.simulated == args.results and cmp_args.profile == "h200"

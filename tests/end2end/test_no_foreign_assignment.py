@@ -35,10 +35,10 @@ ALLOWED = {
     # Megatron's fused softmax is a CUDA extension module megatron-core imports by name: its
     # stand-in on a simulated GPU can only be an importable module.
     ("end2end/simulate/cost/megatron_kernels.py", "sys.modules"),
-    # DTensor's metadata propagation on global shapes runs inside this replaceable context
-    # (nullcontext by default, a lock in multi-threaded tests): the one place to tell the
-    # recorder that what runs there is no rank's work.
-    ("end2end/simulate/engine/recorder.py", "ShardingPropagator._fake_mode_lock"),
+    # DTensor's metadata propagation on global shapes (one method in torch 2.11 and 2.13): the
+    # one place to tell the recorder that what runs there is no rank's work.
+    ("end2end/simulate/engine/recorder.py",
+     "ShardingPropagator._propagate_tensor_meta_non_cached"),
     # HF drops an all-ones padding mask unless a tensor "is tracing"; a fake tensor counts, and
     # transformers has no switch for it (the simulator's GPU profiles decide as a real run).
     ("end2end/simulate/engine/step.py", "masking.is_tracing"),

@@ -28,6 +28,7 @@ DTensor".
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Any, Dict, List
 
@@ -86,21 +87,19 @@ def _kind(func) -> str:
     return name
 
 
-class _ShadowScope:
-    """Stands in for ``ShardingPropagator._fake_mode_lock`` while a step is recorded: enters the
-    original lock and marks the recorder as inside DTensor's metadata propagation."""
+def _shadowed(recorder: "StepRecorder", propagate: Any) -> Any:
+    """``ShardingPropagator._propagate_tensor_meta_non_cached`` while a step is recorded: the
+    original, with the recorder marked as inside DTensor's metadata propagation."""
 
-    def __init__(self, recorder: "StepRecorder", lock: Any) -> None:
-        self.recorder, self.lock = recorder, lock
+    @functools.wraps(propagate)
+    def shadowed(self, *args, **kwargs):
+        recorder.shadow += 1
+        try:
+            return propagate(self, *args, **kwargs)
+        finally:
+            recorder.shadow -= 1
 
-    def __enter__(self):
-        self.lock.__enter__()
-        self.recorder.shadow += 1
-        return self
-
-    def __exit__(self, *exc):
-        self.recorder.shadow -= 1
-        return self.lock.__exit__(*exc)
+    return shadowed
 
 
 class StepRecorder(TorchDispatchMode):
@@ -143,21 +142,22 @@ class StepRecorder(TorchDispatchMode):
 
         torch.UntypedStorage.resize_ = resize_
         # DTensor derives an op's output metadata by running the op once on fake tensors of the
-        # GLOBAL shapes, inside ``ShardingPropagator._fake_mode_lock`` (a replaceable context,
-        # nullcontext by default); under the simulation's fake mode those shadow ops reached
-        # the recorder as if the rank computed and allocated them (FSDP2's AdamW step counted
-        # the unsharded model three times over). They are not the rank's work: pass them by.
+        # GLOBAL shapes (``_propagate_tensor_meta_non_cached``, under the fake mode it finds:
+        # the simulation's); those shadow ops reached the recorder as if the rank computed and
+        # allocated them (FSDP2's AdamW step counted the unsharded model three times over).
+        # They are not the rank's work: pass them by. (The method, not torch 2.13's
+        # ``_fake_mode_lock`` around its body, so that torch 2.11 is followed the same way.)
         from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
-        self._lock = ShardingPropagator._fake_mode_lock
-        ShardingPropagator._fake_mode_lock = _ShadowScope(self, self._lock)
+        self._propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+        ShardingPropagator._propagate_tensor_meta_non_cached = _shadowed(self, self._propagate)
         return super().__enter__()
 
     def __exit__(self, *exc):
         from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
         torch.UntypedStorage.resize_ = self._resize
-        ShardingPropagator._fake_mode_lock = self._lock
+        ShardingPropagator._propagate_tensor_meta_non_cached = self._propagate
         return super().__exit__(*exc)
 
     def _resized(self, storage) -> None:
