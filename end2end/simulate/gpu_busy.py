@@ -26,7 +26,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from slapo.errors import ConfigError
 
-__all__ = ["gpu_busy_us", "busy_rows", "format_busy", "main"]
+__all__ = ["gpu_busy_us", "jsonl_rows", "busy_rows", "format_busy", "main"]
 
 _KEY = ("Impl", "Model", "Seq", "DecSeq", "nGPU", "Batch", "Ckpt", "TP", "PP", "Knobs")
 
@@ -41,7 +41,8 @@ def gpu_busy_us(profile: Dict) -> float:
                and "#" not in name)
 
 
-def _rows(path: Path) -> List[Dict]:
+def jsonl_rows(path: Path) -> List[Dict]:
+    """The measured or simulated rows of a results TSV's JSON-lines twin (clear error)."""
     twin = path.with_suffix(".jsonl")
     try:
         lines = twin.read_text().splitlines()
@@ -71,10 +72,10 @@ def busy_rows(measured: Path, simulated: Path, profiles: Path) -> List[Dict]:
     """Per measured ``ok`` run: ``label``, measured ``step_ms`` (median of its timed steps),
     ``busy_ms`` (the profiled step's GPU time, None without a profile), ``idle`` (1 - busy /
     step), ``predicted`` (step and per-phase milliseconds, None without a prediction)."""
-    pred = {_key(row): row for row in _rows(simulated)
+    pred = {_key(row): row for row in jsonl_rows(simulated)
             if str(row.get("Status", "")).startswith("sim")}
     out = []
-    for row in _rows(measured):
+    for row in jsonl_rows(measured):
         if row.get("Status") != "ok":
             continue
         extra = row.get("extra") or {}
