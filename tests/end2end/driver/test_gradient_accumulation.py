@@ -61,8 +61,9 @@ def test_accumulated_steps_train_as_the_whole_batch(world, modes):
                 torch.testing.assert_close(losses, whole, rtol=1e-5, atol=1e-6,
                                            msg=lambda e, k=(mode, m): f"{k}: {e}")
                 assert len(grads) == len(g_whole), (mode, m)
-                for a, b in zip(grads, g_whole):
-                    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+                for a, b in zip(grads, g_whole):  # fp32 sums in another order, 3 steps on
+                    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5,
+                                               msg=lambda e, k=(mode, m): f"{k}: {e}")
 
 
 def test_micro_batches_cut_every_input_along_the_batch():
