@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["Comparison", "side_by_side", "format_table", "main"]
+__all__ = ["Comparison", "side_by_side", "format_table", "text_table", "main"]
 
 Comparison = Dict[str, object]
 
@@ -114,9 +114,15 @@ def format_table(rows: List[Comparison], profile: str = "") -> str:
                      f"{r['thrpt_ratio']:.2f}" if r["thrpt_ratio"] else "-",
                      _cell(m, "mem", ""), _cell(p, "mem", mark),
                      f"{r['mem_ratio']:.2f}" if r["mem_ratio"] else "-"])
+    return text_table(f"measured on {devices('measured')}; predicted for "
+                      f"{devices('predicted')}: the simulator's predictions, not measurements",
+                      head, body)
+
+
+def text_table(title: str, head: List[str], body: List[List[str]]) -> str:
+    """``title``, then ``head`` and ``body`` as left-aligned columns under a dashed rule."""
     widths = [max(len(line[i]) for line in [head] + body) for i in range(len(head))]
-    text = [f"measured on {devices('measured')}; predicted for {devices('predicted')}: "
-            "the simulator's predictions, not measurements"]
+    text = [title]
     for line in [head, ["-" * w for w in widths]] + body:
         text.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
     return "\n".join(text) + "\n"

@@ -26,6 +26,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from slapo.errors import ConfigError
 
+from end2end.simulate.compare import text_table
+
 __all__ = ["gpu_busy_us", "jsonl_rows", "busy_rows", "format_busy", "main"]
 
 _KEY = ("Impl", "Model", "Seq", "DecSeq", "nGPU", "Batch", "Ckpt", "TP", "PP", "Knobs")
@@ -109,11 +111,8 @@ def format_busy(rows: List[Dict]) -> str:
             f"{p['step']:.1f} ({p['forward']:.1f}/{p['backward']:.1f}/{p['optimizer']:.1f})",
             f"{busy / p['step']:.2f}" if p and busy else "-",
             f"{r['step_ms'] / p['step']:.2f}" if p else "-"])
-    widths = [max(len(line[i]) for line in [head] + body) for i in range(len(head))]
-    text = ["measured GPU steps beside the simulator's predictions (not measurements)"]
-    for line in [head, ["-" * w for w in widths]] + body:
-        text.append("  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip())
-    return "\n".join(text) + "\n"
+    return text_table("measured GPU steps beside the simulator's predictions (not measurements)",
+                      head, body)
 
 
 def build_parser() -> argparse.ArgumentParser:
