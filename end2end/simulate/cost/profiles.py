@@ -55,7 +55,7 @@ from end2end.simulate.cost.cpu_model import EagerCpuModel
 from end2end.simulate.cost.load_verdict import describe_load
 
 __all__ = ["DeviceProfile", "PROFILES", "SOURCES", "get_profile", "profile_from_file", "FORMAT",
-           "FORMAT_CHANGES", "DEFAULT_CACHE", "GIB"]
+           "FORMAT_CHANGES", "DEFAULT_CACHE", "GIB", "HOST_OP_ENV"]
 
 GB = 1e9
 GIB = float(2 ** 30)
@@ -93,13 +93,15 @@ class DeviceProfile:
     host_op_s: float = 0.0
     collective_base_s: float = 0.0  # fixed latency per collective call (NCCL's baseLat)
     calibration: Dict[str, Any] = dataclasses.field(default_factory=dict)  # ``cpu``: its file
+    host_note: str = ""  # a GPU profile's host cost replaced (:data:`HOST_OP_ENV`)
 
     @property
     def provenance(self) -> str:
         """Which calibration a prediction used: the ``cpu`` file, when it was measured and under
         what load; a GPU profile's datasheet numbers."""
         if not self.calibration:
-            return f"{self.name}: datasheet profile (end2end/simulate/cost/profiles.py SOURCES)"
+            return (f"{self.name}: datasheet profile (end2end/simulate/cost/profiles.py "
+                    f"SOURCES){self.host_note}")
         c = self.calibration
         return f"cpu calibration {c['path']} measured {c['measured']}, {describe_load(c['load'])}"
 
@@ -358,10 +360,33 @@ def get_profile(name: str, calibration: Optional[str] = None) -> DeviceProfile:
                                    "cpu_profile.json)")
         return profile_from_file(path)
     try:
-        return PROFILES[name]
+        profile = PROFILES[name]
     except KeyError:
         raise ConfigError(f"unknown device profile {name!r}", call="end2end.simulate",
                           hint=f"use one of {', '.join(list(PROFILES) + ['cpu'])}") from None
+    return _with_host_cost(profile, os.environ.get(HOST_OP_ENV, ""))
+
+
+#: Environment variable: microseconds of host time per issued op for every GPU profile, in
+#: place of the profiles' published ``host_op_s`` (a host's own measurement: ``python -m
+#: end2end.simulate.host_cost``); read in every simulating process, so subprocesses follow it
+HOST_OP_ENV = "SLAPO_SIM_HOST_OP_US"
+
+
+def _with_host_cost(profile: DeviceProfile, text: str) -> DeviceProfile:
+    if not text:
+        return profile
+    try:
+        micro = float(text)
+    except ValueError:
+        micro = float("nan")
+    if not micro > 0 or micro == float("inf"):
+        raise ConfigError(f"{HOST_OP_ENV}={text!r}: not a positive number of microseconds",
+                          call="end2end.simulate",
+                          hint=f"e.g. {HOST_OP_ENV}=34.6 (python -m end2end.simulate.host_cost "
+                               "measures it), or unset it for the profiles' own value")
+    return dataclasses.replace(profile, host_op_s=micro * 1e-6,
+                               host_note=f"; host {micro:g} us per op ({HOST_OP_ENV})")
 
 
 #: the calibration file's format; a file of another format is refused with the command to
