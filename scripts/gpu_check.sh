@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One-GPU check of the op library and the driver on one NVIDIA GPU (budgeted for < 8 minutes;
-# it has not run on a GPU yet, so that is a budget, not a measurement):
+# One-GPU check of the op library and the driver on one NVIDIA GPU (295 s on one H200 on
+# 2026-12-04 with predictions put in its output first: docs/results/gpu_h200/check):
 #   1. attention kernels (flash / efficient / cudnn / math) vs eager attention, bf16, fwd+bwd:
 #      speed and error (scripts/gpu_attention_check.py -> attention.tsv);
 #   2. single-GPU training, eager HF vs Slapo, bf16: BERT-large (also recomputing), GPT-Neo-1.3B
@@ -14,7 +14,8 @@
 #      file are kept: the simulation is deterministic, so a file made on any machine at the same
 #      commit can be put there first and only missing rows are simulated), and after the sweep
 #      python -m end2end.simulate.compare prints measured vs predicted samples/s and memory with
-#      their ratio (-> gpu_check_vs_h200.txt);
+#      their ratio (-> gpu_check_vs_h200.txt), and python -m end2end.simulate.gpu_busy the GPU's
+#      busy and idle time of each profiled step beside the predicted step (-> gpu_busy.txt);
 #   4. a figure of both (scripts/gpu_check_figure.py -> gpu_check.png/.pdf, or .svg without
 #      matplotlib), plus env.txt.
 #
@@ -77,6 +78,8 @@ cd "$ROOT"
 echo "== 3/4 measured vs the h200 prediction =="
 "$PY" -m end2end.simulate.compare "$OUT/gpu_check.tsv" "$OUT/gpu_check.h200.sim.tsv" \
   --profile h200 | tee "$OUT/gpu_check_vs_h200.txt" || true
+"$PY" -m end2end.simulate.gpu_busy "$OUT/gpu_check.tsv" "$OUT/gpu_check.h200.sim.tsv" \
+  --profiles "$OUT/profiles" | tee "$OUT/gpu_busy.txt" || true
 echo "== 4/4 figure =="
 "$PY" "$ROOT/scripts/gpu_check_figure.py" "$OUT" || true
 "$PY" -m end2end.plot "$OUT/gpu_check.tsv" -o "$OUT/gpu_check-fig7" --title "1 GPU, bf16" \

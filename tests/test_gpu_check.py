@@ -88,6 +88,13 @@ def test_the_h200_prediction_commands_parse_and_name_the_measured_config():
     assert (ROOT / args.config).is_file()
     assert args.device == "h200" and args.results == "/out/gpu_check.h200.sim.tsv"
     assert args.timeout == 240
+    from end2end.simulate.gpu_busy import build_parser as busy_parser
+
+    (busy,) = _commands("end2end.simulate.gpu_busy")
+    busy_args = busy_parser().parse_args(busy)
+    assert (busy_args.measured, busy_args.simulated, busy_args.profiles) == (
+        "/out/gpu_check.tsv", args.results,
+        sweep[sweep.index("--profile") + 1])  # the profiles the sweep writes
     cmp_args = compare_parser().parse_args(compare)
     assert cmp_args.measured == sweep[sweep.index("--results") + 1] == "/out/gpu_check.tsv"
     assert cmp_args.simulated == args.results and cmp_args.profile == "h200"

@@ -47,3 +47,20 @@ def test_bad_input_is_refused_with_the_reason(tmp_path, capsys):
         host_cost([two], "cpu/", profile)
     assert main([str(tmp_path / "missing.tsv"), "--calibrate-on", "cpu/"]) == 1
     assert "JSON-lines twin" in capsys.readouterr().err
+
+
+def test_a_measured_host_cost_replaces_every_gpu_profiles_and_is_said(monkeypatch):
+    from end2end.simulate.cost.profiles import HOST_OP_ENV, PROFILES
+
+    monkeypatch.setenv(HOST_OP_ENV, "34.6")
+    for name in PROFILES:
+        profile = get_profile(name)
+        assert profile.host_op_s == pytest.approx(34.6e-6), name
+        assert f"host 34.6 us per op ({HOST_OP_ENV})" in profile.provenance
+    assert PROFILES["h200"].host_op_s == pytest.approx(10e-6)  # the table itself unchanged
+    for bad in ("abc", "0", "-3", "inf", "nan"):
+        monkeypatch.setenv(HOST_OP_ENV, bad)
+        with pytest.raises(Exception, match="not a positive number of microseconds"):
+            get_profile("h200")
+    monkeypatch.setenv(HOST_OP_ENV, "")
+    assert get_profile("h200") is PROFILES["h200"]
