@@ -225,6 +225,18 @@ def _patched(obj, name: str, value) -> Iterator[None]:
         setattr(obj, name, old)
 
 
+def _copies_share_the_mode(mode) -> None:
+    """``copy.deepcopy`` of a fake tensor (a schedule's history snapshots the modules given to
+    a primitive; verification and ``create_schedule`` copy models) copies the tensor's
+    ``__dict__``, which holds its ``fake_mode``. A copied mode duplicates the ``StorageWeakRef``
+    handles its tensor converter keeps, and every copy frees its handle when collected: a double
+    free that corrupted glibc's heap in about one of ten simulations of a Slapo-scheduled
+    ``tiny/bert`` (a segfault or "corrupted double-linked list" in a later, unrelated
+    allocation; seen under valgrind as ``THPStorage_freeWeakRef`` reading a block it freed). The
+    copies share the one mode instead, as torch's ``FakeCopyMode`` makes them do."""
+    mode.__deepcopy__ = lambda memo: mode
+
+
 @contextlib.contextmanager
 def fake_world(rank: int, world_size: int) -> Iterator[torch._subclasses.FakeTensorMode]:
     """Rank ``rank`` of a fake ``world_size``-rank job under fake tensors (yields the mode).
@@ -271,7 +283,9 @@ def fake_world(rank: int, world_size: int) -> Iterator[torch._subclasses.FakeTen
             stack.enter_context(_dict_entry(fake_impls.op_implementations_dict,
                                             torch.ops.aten._grouped_mm.default,
                                             _grouped_mm_any_dtype))
-            yield stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            _copies_share_the_mode(mode)
+            yield mode
     finally:
         from slapo.runtime.distributed import teardown
 

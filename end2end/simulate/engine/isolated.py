@@ -7,11 +7,13 @@ seen to corrupt the heap (glibc aborts in a later, unrelated allocation). ``pyth
 end2end.simulate`` therefore starts a worker per run (:mod:`end2end.simulate.engine.worker`); the
 calibration and the tests use this helper for their own simulations.
 
-Even one simulation per process aborts now and then in glibc ("corrupted double-linked list",
-exit -6): seen in about one of ten short runs of ZeRO-3's stand-in with three accumulated
-micro-batches of a Slapo-scheduled LLaMA-7B (2026-12-04), never in the same run twice in a row.
-A simulation is deterministic, so a process killed by a signal is run once more, and the retry
-is said on stderr; a second death is the ``RuntimeError`` as any failure.
+Even one simulation per process aborted now and then in glibc ("corrupted double-linked list",
+exit -6, or a segfault): seen in about one of ten short runs of ZeRO-3's stand-in with three
+accumulated micro-batches of a Slapo-scheduled LLaMA-7B and of a Slapo ``tiny/bert``. The cause,
+found later under valgrind, was a double free of storage weak references when a deep copy of a
+fake tensor copied its mode (fixed in :mod:`~end2end.simulate.engine.fake_world`). A
+simulation is deterministic, so a process killed by a signal is still run once more, and the
+retry is said on stderr; a second death is the ``RuntimeError`` as any failure.
 """
 
 from __future__ import annotations

@@ -217,8 +217,9 @@ def test_zero3_calibration_solves_its_three_models_back_to_the_costs():
 
 
 def test_a_quick_measurement_has_every_curve_and_cost(tmp_path):
-    """The calibration's code on small shapes (seconds): every number positive, the model
-    usable, and a 1024 GEMM faster per FLOP than a 64 one."""
+    """The calibration's code on small shapes (seconds): every number positive, each GEMM
+    curve measured at several sizes and read back at its own points, the model usable. (Which
+    size is faster per FLOP is the machine's business and its load's: not asserted.)"""
     from end2end.simulate.calibration.eager import measure_threads
 
     m = measure_threads(1, quick=True)
@@ -228,8 +229,11 @@ def test_a_quick_measurement_has_every_curve_and_cost(tmp_path):
     assert all(v >= 0 for v in m.view_seconds.values()), m.view_seconds
     assert {"_softmax", "native_dropout", "bernoulli_",
             "native_layer_norm_backward"} <= set(m.slowdown)
-    small, large = m.rate("float32", "mm", 2 * 64 ** 3), m.rate("float32", "mm", 2 * 256 ** 3)
-    assert small < large
+    mm = m.gemm["float32"]["mm"].points
+    assert len({x for x, _ in mm}) >= 2, mm
+    for flops, rate in mm:
+        assert math.isfinite(rate) and rate > 0, mm
+        assert m.rate("float32", "mm", flops) == pytest.approx(rate), (flops, mm)
     again = ThreadModel.from_json(json.loads(json.dumps(m.to_json())))
     assert again == m
 
