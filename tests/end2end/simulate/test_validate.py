@@ -118,6 +118,9 @@ def test_rows_summary_file_and_report_block(tmp_path):
     text = summary_text(rows, "validation")  # throughput -11 %, memory -7 %, the OOM agreed
     assert "MAPE <= 20 % met" in text and "memory within 15 % met" in text and "OOMs met" in text
     assert "OOMs not met" in summary_text([dict(oom, pred_fits=True)], "validation")
+    without_memory = summary_text([dict(h100, mem_err=None, pub_mem_gib=None)], "validation")
+    assert "memory within 15 % not judged (no published number)" in without_memory
+    assert "memory within 15 % not met" in summary_text([dict(h100, mem_err=0.2)], "validation")
     out = tmp_path / "docs" / "v.tsv"
     write_results(out, rows, {"command": "python -m end2end.simulate.validate", "date": "d",
                               "machine": "m", "commit": "c"})
