@@ -168,10 +168,16 @@ def multi_tensor_optimizer(optimizer) -> bool:
     set) runs its multi-tensor (``foreach``) form, as PyTorch picks it for CUDA tensors
     (``torch.optim.optimizer._default_to_fused_or_foreach``); fake tensors live on the CPU, where
     it would pick the per-parameter loop. Its temporaries then count as on the GPU: AdamW's
-    ``sqrt`` of the second moments is one tensor list over all parameters at once. True if it
-    was switched."""
+    ``sqrt`` of the second moments is one tensor list over all parameters at once. A wrapper
+    that steps a torch optimizer of its own (megatron-core's mixed-precision optimizer, its
+    ``optimizer``: the fp32 masters' AdamW, which on CUDA takes the same default) has that one
+    switched. True if it was switched."""
     from torch.distributed.tensor import DTensor
 
+    inner = getattr(optimizer, "optimizer", None)
+    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(inner,
+                                                                       torch.optim.Optimizer):
+        optimizer = inner
     groups = getattr(optimizer, "param_groups", None)
     if not isinstance(optimizer, torch.optim.Optimizer) or not groups or \
             "foreach" not in optimizer.defaults or optimizer.defaults.get("foreach") is not None:

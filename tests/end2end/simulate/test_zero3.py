@@ -188,3 +188,30 @@ def test_an_exposed_collective_is_not_hidden_by_its_phases_compute():
     t_exposed = rank_seconds(ops, [exposed], v100, {"allgather"})
     assert t_hidden["comm_exposed"] == 0 and t_hidden["comm_hidden"] > 0
     assert t_exposed["comm_exposed"] == pytest.approx(t_hidden["comm_hidden"])
+
+
+def megatron_optimizer_ops() -> dict:
+    """The optimizer phase of a ``megatron`` fp16 step on a V100 profile: its ops by name."""
+    from end2end.simulate.engine.step import simulate_rank
+    from end2end.spec.config_file import make_run_spec
+    from end2end.spec.layout import run_layout
+
+    spec = make_run_spec("megatron", "tiny/gpt2", 1, 32, 0, 2, "0", steps=1, warmup=0,
+                         dtype="fp16")
+    result = simulate_rank(spec, run_layout(spec), 0, gpu=(7, 0))
+    names: dict = {}
+    for op in result.ops:
+        if op.phase == "optimizer" and not op.view:
+            names[op.name] = names.get(op.name, 0) + op.weight
+    return names
+
+
+def test_megatrons_wrapped_adamw_runs_its_multi_tensor_form_on_a_gpu_profile():
+    """megatron-core's mixed-precision optimizer steps a torch AdamW over the fp32 masters; on
+    CUDA that AdamW takes its foreach form, so on a GPU profile its step is a few tensor-list
+    ops, not a loop over every parameter (each op priced at the host's floor per op)."""
+    from end2end.simulate.engine.isolated import isolated
+
+    names = isolated("tests.end2end.simulate.test_zero3.megatron_optimizer_ops")
+    assert names.get("_foreach_sqrt", 0) >= 1, names
+    assert names.get("sqrt", 0) == 0, names  # no per-parameter AdamW left
