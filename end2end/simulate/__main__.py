@@ -1,7 +1,8 @@
-"""``python -m end2end.simulate CONFIG --device PROFILE [--results FILE] [--only WORD ...]``:
-simulate every run of a config at its real size (docs/simulate.md) and write one row per run
-(``Status`` ``sim``/``sim-oom``, or ``fail`` as a real run would; ``Device`` e.g.
-``v100-32gb (simulated)``) to a results file of simulated rows only."""
+"""``python -m end2end.simulate CONFIG --device PROFILE [--results FILE] [--only WORD ...]
+[--jobs N]``: simulate every run of a config at its real size (docs/simulate.md), ``N`` at a
+time, and write one row per run (``Status`` ``sim``/``sim-oom``, or ``fail`` as a real run
+would; ``Device`` e.g. ``v100-32gb (simulated)``), in the config's order, to a results file of
+simulated rows only."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ SIMULATED_STATUSES = ("sim", "sim-oom")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from end2end.cli import HelpFormatter
+    from end2end.cli import HelpFormatter, number
     from end2end.simulate.cost.profiles import PROFILES
 
     p = argparse.ArgumentParser(prog="python -m end2end.simulate",
@@ -40,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", default="", help="the cpu profile's cache file "
                    "(default: ~/.cache/slapo/cpu_profile.json)")
     p.add_argument("--timeout", type=float, default=900, help="seconds per run")
+    p.add_argument("--jobs", type=number(int, minimum=1), default=2,
+                   help="runs simulated at a time, one process each (a simulation keeps one "
+                        "core busy; rows are written in the config's order)")
     return p
 
 
@@ -70,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from end2end.results.environment import env_dump
     from end2end.results.store import ResultRow, append_result, env_columns
     from end2end.simulate.calibration.cpu import device_profile
-    from end2end.simulate.engine.run import simulate_run
+    from end2end.simulate.engine.run import simulate_runs
 
     log = get_logger("end2end.simulate")
     profile = device_profile(args.device, args.calibration or None, args.calibrate)
@@ -80,17 +84,18 @@ def run(args: argparse.Namespace) -> int:
     env = dict(env_dump("cpu"), device=profile.label, simulated=True,
                profile=profile.description, calibration=profile.provenance)
     log.info("%s: %d runs to simulate for %s -> %s", args.config, len(runs), profile.label, out)
-    log.info("predicting with the %s", profile.provenance)
-    for i, spec in enumerate(runs, 1):
-        began = time.perf_counter()
-        values = simulate_run(spec, profile.name, args.calibration, args.timeout)
-        values.setdefault("extra", {})["wall_s"] = round(time.perf_counter() - began, 2)
+    log.info("predicting with the %s (%d at a time)", profile.provenance, args.jobs)
+    began_all = time.perf_counter()
+    simulated = simulate_runs(runs, profile.name, args.calibration, args.timeout, args.jobs)
+    for i, (spec, values, seconds) in enumerate(simulated, 1):
+        values.setdefault("extra", {})["wall_s"] = round(seconds, 2)
         row = ResultRow.from_spec(spec, time=time.strftime("%Y-%m-%dT%H:%M:%S"),
                                   **{**env_columns(env), "device": profile.label}, **values)
         append_result(out, row, env)
         log.info("[%d/%d] %s: %s %s (%.0f s)", i, len(runs), spec.label, row.status,
                  f"{row.thrpt:.3g} samples/s, {row.per_gpu_mem:.1f} GB/rank" if row.thrpt
-                 else row.error[:200], time.perf_counter() - began)
+                 else row.error[:200], seconds)
+    log.info("%d runs simulated in %.0f s", len(runs), time.perf_counter() - began_all)
     return 0
 
 

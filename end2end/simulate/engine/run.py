@@ -21,9 +21,10 @@ import subprocess
 import sys
 import time
 import traceback
-from typing import Any, Dict, List
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
-__all__ = ["simulate_run", "simulate_in_process"]
+__all__ = ["simulate_run", "simulate_runs", "simulate_in_process"]
 
 
 def simulate_in_process(spec, profile) -> Dict[str, Any]:
@@ -136,3 +137,26 @@ def simulate_run(spec, profile_name: str, calibration: str = "", timeout: float 
         return dict(status="fail", error=f"simulator crashed (exit {proc.returncode}): "
                     + " | ".join(tail), extra=dict(simulated=True, stderr=proc.stderr[-4000:]))
     return json.loads(lines[-1])
+
+
+def simulate_runs(specs: Sequence, profile_name: str, calibration: str = "",
+                  timeout: float = 900, jobs: int = 1
+                  ) -> Iterator[Tuple[Any, Dict[str, Any], float]]:
+    """``(spec, fields, wall seconds)`` of every run of ``specs``, in their order, ``jobs`` runs
+    simulated at a time (each in its worker process, :func:`simulate_run`). A simulation keeps
+    one core busy (Python on fake tensors), so on a machine of ``jobs`` cores a config's
+    runs take about ``1 / jobs`` of the time; a run that finishes early waits for the earlier
+    ones. Leaving the loop (an error, an interrupt) cancels the runs not yet started."""
+    def one(spec) -> Tuple[Dict[str, Any], float]:
+        began = time.perf_counter()
+        values = simulate_run(spec, profile_name, calibration, timeout)
+        return values, time.perf_counter() - began
+
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        futures = [pool.submit(one, spec) for spec in specs]
+        for spec, future in zip(specs, futures):
+            values, seconds = future.result()
+            yield spec, values, seconds
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -72,9 +72,11 @@ def test_measured_rows_beside_a_real_h200_simulation(tmp_path):
     config.write_text(TINY)
     simulated, measured = tmp_path / "tiny.h200.sim.tsv", tmp_path / "tiny.tsv"
     subprocess.run([sys.executable, "-m", "end2end.simulate", str(config), "--device", "h200",
-                    "--results", str(simulated), "--timeout", "300"], cwd=ROOT, check=True,
-                   capture_output=True, timeout=600)
-    predicted = {r.impl: r for r in read_results(simulated).rows}
+                    "--results", str(simulated), "--timeout", "300", "--jobs", "2"], cwd=ROOT,
+                   check=True, capture_output=True, timeout=600)
+    rows = read_results(simulated).rows  # two at a time, written in the config's order
+    assert [r.impl for r in rows] == [s.mode for s in load_runs(str(config))]
+    predicted = {r.impl: r for r in rows}
     assert {r.status for r in predicted.values()} == {"sim"}
     assert all(r.device == "h200 (simulated)" and r.thrpt > 0 for r in predicted.values())
     for spec, thrpt in zip(load_runs(str(config)), (1000.0, 1500.0)):

@@ -1,0 +1,56 @@
+"""``simulate_runs``: a config's runs simulated ``jobs`` at a time, yielded in the config's
+order; leaving the loop cancels the runs not yet started. The worker process is replaced by a
+function of this test (what is tested is the scheduling around it, not a simulation)."""
+
+import threading
+import time
+
+import pytest
+
+from end2end.simulate.engine import run as run_module
+
+
+class FakeWorker:
+    """Stands in for ``simulate_run``: sleeps ``delays[spec]`` seconds, counts runs in flight."""
+
+    def __init__(self, delays):
+        self.delays, self.lock = delays, threading.Lock()
+        self.in_flight = self.most = 0
+        self.started = []
+
+    def __call__(self, spec, profile_name, calibration="", timeout=900):
+        with self.lock:
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            self.started.append(spec)
+        time.sleep(self.delays[spec])
+        with self.lock:
+            self.in_flight -= 1
+        return {"status": "sim", "spec": spec}
+
+
+@pytest.mark.parametrize("jobs", [1, 2, 3])
+def test_rows_come_in_the_configs_order_with_jobs_at_a_time(monkeypatch, jobs):
+    delays = {"a": 0.3, "b": 0.05, "c": 0.2, "d": 0.01, "e": 0.1}
+    worker = FakeWorker(delays)
+    monkeypatch.setattr(run_module, "simulate_run", worker)
+    began = time.perf_counter()
+    out = list(run_module.simulate_runs(list(delays), "v100-32gb", jobs=jobs))
+    wall = time.perf_counter() - began
+    assert [spec for spec, _, _ in out] == list(delays)
+    assert [values["spec"] for _, values, _ in out] == list(delays)
+    assert worker.most == min(jobs, len(delays))
+    for spec, _, seconds in out:  # each run's own time, not the time it waited to be yielded
+        assert delays[spec] <= seconds < delays[spec] + 0.25
+    if jobs == 1:
+        assert wall >= sum(delays.values())
+
+
+def test_leaving_the_loop_cancels_the_runs_not_started(monkeypatch):
+    delays = dict.fromkeys("abcdef", 0.1)
+    worker = FakeWorker(delays)
+    monkeypatch.setattr(run_module, "simulate_run", worker)
+    runs = run_module.simulate_runs(list(delays), "v100-32gb", jobs=2)
+    assert next(runs)[0] == "a"
+    runs.close()  # what an exception or Ctrl-C in the caller's loop does
+    assert len(worker.started) <= 3, worker.started  # a, b and at most the one started next
