@@ -44,6 +44,14 @@ __all__ = ["OpRecord", "CollectiveRecord", "StepRecorder", "work_totals", "rank_
 
 _SCALAR = torch.ops.aten._local_scalar_dense.default
 
+#: ATen ops whose output depends on no input's values (constants, shapes): what an optimizer's
+#: lazy state initialisation runs (AdamW's ``zeros_like`` moments, its ``torch.tensor(0.0)``
+#: step count, ``lift_fresh``), see :meth:`StepRecorder.leave_out_state_initialisation`
+CONSTRUCTORS = frozenset({
+    "zeros_like", "ones_like", "full_like", "empty_like", "zeros", "ones", "full", "empty",
+    "new_zeros", "new_ones", "new_full", "new_empty", "scalar_tensor", "lift_fresh",
+    "lift_fresh_copy"})
+
 
 def _tensors(tree: Any) -> List[torch.Tensor]:
     return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
@@ -128,6 +136,9 @@ class StepRecorder(TorchDispatchMode):
         # gradient buckets, caches); see :meth:`untracked_bytes`
         self.preexisting: Dict[int, int] = {}
         self.shadow = 0  # > 0 inside DTensor's sharding propagation (see __enter__)
+        # the optimizer phase's constructor ops (CONSTRUCTORS): their OpRecord -> the storages
+        # they created (see leave_out_state_initialisation)
+        self._constructed: Dict[int, List[int]] = {}
 
     def __enter__(self):
         # FSDP2 frees and re-allocates its unsharded parameters by resizing their storages
@@ -197,6 +208,7 @@ class StepRecorder(TorchDispatchMode):
         elif func.is_view:
             self.ops.append(OpRecord(0, 0, "", self.current_phase(), name=_name(func),
                                      view=True))
+            self._constructor(self.ops[-1], out)  # ``lift_fresh`` (torch.tensor) is a view
         else:
             self._op(func, out, args, kwargs)
         return out
@@ -253,8 +265,37 @@ class StepRecorder(TorchDispatchMode):
             dtype = str((outputs or inputs)[0].dtype).replace("torch.", "") \
                 if (outputs or inputs) else "float32"
             name = _name(func)
-            self.ops.append(OpRecord(flops, moved, dtype, self.current_phase(), name=name,
-                                     shape=gemm_shape(name, args) if flops else ()))
+            record = OpRecord(flops, moved, dtype, self.current_phase(), name=name,
+                              shape=gemm_shape(name, args) if flops else ())
+            self.ops.append(record)
+            self._constructor(record, out)
+
+    def _constructor(self, record: OpRecord, out) -> None:
+        """Remember the storages of a constructor op of the optimizer phase (see
+        :meth:`leave_out_state_initialisation`)."""
+        outputs = _tensors(out)
+        if record.phase == "optimizer" and record.name in CONSTRUCTORS and outputs:
+            self._constructed[id(record)] = [t.untyped_storage()._cdata for t in outputs]
+
+    def leave_out_state_initialisation(self, new_states) -> int:
+        """Remove the optimizer's lazy state initialisation from the recorded ops; the number
+        removed. A torch optimizer creates its states in its first step (AdamW: two
+        ``zeros_like`` moments and a ``torch.tensor(0.0)`` step count per parameter), which is
+        the step recorded here; every later step, the steady state a run measures, starts with
+        them. An op of the optimizer phase goes if it is a constructor (:data:`CONSTRUCTORS`:
+        its values come from no input) and every storage it created is one of ``new_states``
+        (this rank's optimizer states that did not exist before the step). Their bytes stay in
+        the memory: the states are held from then on. A state made from data (SGD's momentum,
+        ``clone`` of the first gradient) stands for the update that later steps do instead, and
+        stays."""
+        keys = {rank_local(t).untyped_storage()._cdata for t in new_states
+                if isinstance(t, torch.Tensor)}
+        kept = [op for op in self.ops
+                if not (id(op) in self._constructed and set(self._constructed[id(op)]) <= keys)]
+        removed = len(self.ops) - len(kept)
+        self.ops = kept
+        self._constructed.clear()
+        return removed
 
     def _collective(self, func, out, args, kwargs) -> None:
         import torch.distributed as dist

@@ -79,6 +79,7 @@ def _values(spec, layout, results, profile) -> Dict[str, Any]:
                  modelled=results[0].modelled,
                  extrapolated=results[0].extrapolated,
                  attention=_attention_text(results, profile),
+                 first_step_only=[r.first_step_only for r in results],
                  layout=layout.as_record(), roles=[r.rank for r in results],
                  memory=[r.memory for r in results], timing=per_rank,
                  totals=[r.totals for r in results], needed_bytes=need,

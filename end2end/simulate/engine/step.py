@@ -8,7 +8,10 @@ knobs, ``make_runner`` and the mode's builder), except for the runtimes that can
 tensors, whose builders the run's builder table takes from :mod:`end2end.simulate.engine.modelled`
 (``make_runner(builders=...)``: the driver's own table is not touched). Then one
 training step (forward, backward, optimizer step: ``runner.train_step``) runs under
-:class:`~end2end.simulate.engine.recorder.StepRecorder` which also follows the memory. A pipeline
+:class:`~end2end.simulate.engine.recorder.StepRecorder` which also follows the memory. That step
+is the run's first, so the optimizer's lazy state initialisation (AdamW's ``zeros_like`` moments
+per parameter), which no later step runs, is left out of its ops (``RankResult.first_step_only``
+counts them) and kept in its memory, as the steady step that a run measures holds it. A pipeline
 stage's schedule is built first, unrecorded, as a real run builds it in its warm-up
 (:func:`build_pipeline_schedule`, through the runtime's public ``prepare``).
 """
@@ -36,7 +39,10 @@ class RankResult:
     what the modelled runtime (if any) added (``modelled``: a short text, "" when the real
     runtime ran); ``extrapolated`` says how a many-micro-batch step was derived
     (:mod:`end2end.simulate.engine.microbatches`; empty when simulated as it is);
-    ``attention``: the SDPA kernels a GPU profile chose (kernel -> calls; empty on ``cpu``)."""
+    ``attention``: the SDPA kernels a GPU profile chose (kernel -> calls; empty on ``cpu``);
+    ``first_step_only``: the ops of the optimizer's state initialisation, which the recorded
+    (first) step ran and later steps do not, left out of ``ops``
+    (:meth:`~end2end.simulate.engine.recorder.StepRecorder.leave_out_state_initialisation`)."""
 
     rank: int
     ops: List[OpRecord]
@@ -47,6 +53,7 @@ class RankResult:
     totals: Dict[str, float] = dataclasses.field(default_factory=dict)
     extrapolated: Dict[str, Any] = dataclasses.field(default_factory=dict)
     attention: Dict[str, int] = dataclasses.field(default_factory=dict)
+    first_step_only: int = 0
 
 
 def _storage_bytes(tensors) -> int:
@@ -57,6 +64,12 @@ def _storage_bytes(tensors) -> int:
             st = rank_local(t).untyped_storage()  # a DTensor: this rank's shard
             seen[st._cdata] = st.nbytes()
     return sum(seen.values())
+
+
+def _storage_keys(tensors) -> set:
+    """The storages (this rank's, :func:`rank_local`) of ``tensors``."""
+    return {rank_local(t).untyped_storage()._cdata for t in tensors
+            if isinstance(t, torch.Tensor)}
 
 
 def _resident(runner) -> Dict[str, int]:
@@ -115,6 +128,7 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
         if gpu:
             multi_tensor_optimizer(runner.optimizer)
         before = _resident(runner)
+        states_before = _storage_keys(_state_tensors(runner)["optstate"])
         recorder = StepRecorder()
         hooks = _optimizer_phase(recorder)
         capability = _capability(gpu)
@@ -128,12 +142,16 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
                 h.remove()
         params = local_parameters(runner.model)
         after = _resident(runner)
+        first_step_only = recorder.leave_out_state_initialisation(
+            t for t in _state_tensors(runner)["optstate"]
+            if _storage_keys([t]).isdisjoint(states_before))
         base = before["param"] + before["buffer"] + before["grad"] + before["optstate"]
         # + what the step used that existed before it outside that state (DDP's buckets)
         base += recorder.untracked_bytes(t for ts in _state_tensors(runner).values() for t in ts)
         memory = dict(after, **steady_memory(base, recorder.phase_peak, before, after))
         result = RankResult(rank, recorder.ops, recorder.collectives, memory, params,
-                            attention=dict(getattr(attention, "chosen", {})))
+                            attention=dict(getattr(attention, "chosen", {})),
+                            first_step_only=first_step_only)
         modelled.finish(result, runner)
         # after what a modelled runtime adds (ZeRO-3's collectives and Python)
         result.totals = work_totals(result.ops, result.collectives)
