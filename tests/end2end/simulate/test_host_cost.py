@@ -30,7 +30,7 @@ def test_measured_host_cost_predicts_a_host_bound_run_the_profile_cannot():
     result = host_cost(_rows(), "cpu/bert", profile, only=["cpu/opt"])
     assert [c["label"].split()[1] for c in result["calibration"]] == ["cpu/bert", "cpu/bert"]
     for c in result["calibration"]:
-        assert c["ops"] > 100 and 20e-6 < c["per_op"] < 60e-6, c
+        assert c["ops"] > 100 and 20e-6 < c["per_op"] < 100e-6, c  # tens of us per op
     per_op = [c["per_op"] for c in result["calibration"]]
     assert min(per_op) <= result["host_op_s"] <= max(per_op)
     (opt,) = result["judged"]
