@@ -202,8 +202,9 @@ _KERNEL = "CSCS ReFrame's null-kernel latency reference (reframe-hpc/reframe csc
 _HOST = "measured: docs/results/gpu_h200/host_cost.txt (python -m end2end.simulate.host_cost " \
     "on the 5 small host-bound models of docs/results/gpu_h200/more, one H200 whose host is a " \
     "16-core Sapphire Rapids-class Xeon VM, torch 2.11: median 54.1 us per recorded op, " \
-    "26.4-66.7, the recorded step less the optimizer's first-step state creation); the DGX H100/H200 hosts are Xeon 8480C of that generation (NVIDIA's DGX " \
-    "datasheets); the older hosts of the A100 and V100 profiles are assumed the same (no " \
+    "26.4-66.7, the recorded step less the optimizer's first-step state creation); the DGX " \
+    "H100/H200 hosts are Xeon 8480C of that generation (NVIDIA's DGX datasheets); the older " \
+    "hosts of the A100 and V100 profiles are assumed the same (no " \
     "measurement of theirs found; judged by the validation set, never fitted). " \
     "Published for comparison: facebookresearch/HolisticTraceAnalysis docs/source/features/" \
     "cuda_kernel_launch_stats.rst, 'the launch time on the CPU side is between 5-20 " \

@@ -39,7 +39,8 @@ from torch.utils._pytree import tree_flatten
 from end2end.simulate.cost.gpu_model import gemm_shape
 from end2end.simulate.cost.records import CollectiveRecord, OpRecord, work_totals  # re-exported
 
-__all__ = ["OpRecord", "CollectiveRecord", "StepRecorder", "work_totals", "rank_local"]
+__all__ = ["OpRecord", "CollectiveRecord", "StepRecorder", "work_totals", "rank_local",
+           "storage_keys"]
 
 
 _SCALAR = torch.ops.aten._local_scalar_dense.default
@@ -77,6 +78,12 @@ def rank_local(tensor: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def storage_keys(tensors) -> set:
+    """The storages this rank holds (:func:`rank_local`) of ``tensors``, as keys."""
+    return {rank_local(t).untyped_storage()._cdata for t in tensors
+            if isinstance(t, torch.Tensor)}
 
 
 def _name(func) -> str:
@@ -288,8 +295,7 @@ class StepRecorder(TorchDispatchMode):
         the memory: the states are held from then on. A state made from data (SGD's momentum,
         ``clone`` of the first gradient) stands for the update that later steps do instead, and
         stays."""
-        keys = {rank_local(t).untyped_storage()._cdata for t in new_states
-                if isinstance(t, torch.Tensor)}
+        keys = storage_keys(new_states)
         kept = [op for op in self.ops
                 if not (id(op) in self._constructed and set(self._constructed[id(op)]) <= keys)]
         removed = len(self.ops) - len(kept)

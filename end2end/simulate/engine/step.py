@@ -25,7 +25,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from end2end.simulate.cost.records import CollectiveRecord, OpRecord
-from end2end.simulate.engine.recorder import StepRecorder, rank_local
+from end2end.simulate.engine.recorder import StepRecorder, rank_local, storage_keys
 
 __all__ = ["RankResult", "simulate_rank", "simulate_rank_isolated", "rank_result_from_json",
            "build_pipeline_schedule", "steady_memory", "multi_tensor_optimizer",
@@ -64,12 +64,6 @@ def _storage_bytes(tensors) -> int:
             st = rank_local(t).untyped_storage()  # a DTensor: this rank's shard
             seen[st._cdata] = st.nbytes()
     return sum(seen.values())
-
-
-def _storage_keys(tensors) -> set:
-    """The storages (this rank's, :func:`rank_local`) of ``tensors``."""
-    return {rank_local(t).untyped_storage()._cdata for t in tensors
-            if isinstance(t, torch.Tensor)}
 
 
 def _resident(runner) -> Dict[str, int]:
@@ -128,7 +122,7 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
         if gpu:
             multi_tensor_optimizer(runner.optimizer)
         before = _resident(runner)
-        states_before = _storage_keys(_state_tensors(runner)["optstate"])
+        states_before = storage_keys(_state_tensors(runner)["optstate"])
         recorder = StepRecorder()
         hooks = _optimizer_phase(recorder)
         capability = _capability(gpu)
@@ -144,7 +138,7 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
         after = _resident(runner)
         first_step_only = recorder.leave_out_state_initialisation(
             t for t in _state_tensors(runner)["optstate"]
-            if _storage_keys([t]).isdisjoint(states_before))
+            if storage_keys([t]).isdisjoint(states_before))
         base = before["param"] + before["buffer"] + before["grad"] + before["optstate"]
         # + what the step used that existed before it outside that state (DDP's buckets)
         base += recorder.untracked_bytes(t for ts in _state_tensors(runner).values() for t in ts)
