@@ -1,1 +1,2 @@
-python -m end2end.simulate.proof end2end/configs/cpu_holdout.cfg --calibrate --out docs/results/cpu_holdout_proof
+python -m end2end.simulate.proof end2end/configs/cpu_holdout.cfg --measured docs/results/cpu_holdout_proof/measured.tsv --calibration docs/results/cpu_holdout_proof/cpu_profile.json --out docs/results/cpu_holdout_proof
+# simulated again 2026-12-04 22:23-22:25 UTC from a clean worktree of 8966d60 with --measured (the measured rows and the calibration of the original job unchanged; that job's command, 'python -m end2end.simulate.proof end2end/configs/cpu_holdout.cfg --calibrate --out docs/results/cpu_holdout_proof', and its simulated rows are in git history)
