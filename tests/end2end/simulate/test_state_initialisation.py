@@ -105,9 +105,11 @@ def simulated_optimizer_phase(mode: str, dtype: str) -> dict:
     return dict(names=dict(names), left_out=result.first_step_only)
 
 
-@pytest.mark.parametrize("mode, dtype", [("eager", "fp32"), ("megatron", "fp16")])
+@pytest.mark.parametrize("mode, dtype", [("eager", "fp32"), ("megatron", "fp16"),
+                                         ("fsdp", "bf16")])
 def test_a_simulated_step_has_no_state_creation(mode, dtype):
-    """Through the whole simulation (a plain torch AdamW, megatron-core's wrapper of one): the
+    """Through the whole simulation (a plain torch AdamW, megatron-core's wrapper of one, FSDP2's
+    AdamW over DTensor shards, whose states are DTensors too): the
     step's optimizer phase is a steady step's, a few tensor-list ops, with no per-parameter
     ``zeros_like`` (each priced at the host's floor per op on a GPU profile)."""
     from end2end.simulate.engine.isolated import isolated
