@@ -5,7 +5,8 @@ line in the config grammar, each ending with ``# ID``, and ``sources.tsv`` one r
 part it belongs to (``calibration`` or ``validation``, fixed before any prediction was looked
 at), the device profile, the published number and where it is, and what the project cannot
 express. Each run is simulated as ``python -m end2end.simulate`` simulates it (a worker process,
-:func:`end2end.simulate.engine.run.simulate_run`) and printed beside the published numbers:
+:func:`end2end.simulate.engine.run.simulate_run`, ``--jobs`` at a time, each under the allocator
+configuration its published run was launched with) and printed beside the published numbers:
 samples/s (and tokens/s per GPU), model TFLOP/s per GPU in the project's convention (3 x forward,
 no recomputation: :func:`end2end.models.flops.train_flops_per_sample`, so the two sides are
 counted alike), memory where published, and whether it fits. Then the summary per part: MAPE of
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import functools
 import io
 import math
 import shlex
@@ -296,6 +298,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None, help="write the rows and summary (TSV)")
     p.add_argument("--timeout", type=number(float, above=0), default=900,
                    help="seconds per simulated run")
+    p.add_argument("--jobs", type=number(int, minimum=1), default=2,
+                   help="points simulated at a time, one process each (rows keep the set's order)")
     return p
 
 
@@ -315,9 +319,9 @@ def _print_row(r: Dict[str, Any]) -> None:
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Simulate the selected points, print each beside its published numbers, then the
     summaries; ``--out``: the results file."""
-    from end2end.simulate.cost.allocator import configured
+    from end2end.simulate.cost.allocator import ENV
     from end2end.simulate.cost.profiles import get_profile
-    from end2end.simulate.engine.run import simulate_run
+    from end2end.simulate.engine.run import in_order, simulate_run
 
     points = [p for p in load_points(args.cfg, args.sources)
               if (args.part in ("all", p.part))
@@ -328,9 +332,11 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     for p in points:
         get_profile(p.device)  # an unknown profile: one line before anything runs
     began, rows = time.time(), []
-    for p in points:
-        with configured(p.info.get("alloc_conf", "")):
-            rows.append(compare(p, simulate_run(p.spec, p.device, "", args.timeout)))
+    # each point's worker runs under the allocator configuration its run was launched with
+    tasks = [functools.partial(simulate_run, p.spec, p.device, "", args.timeout,
+                               {ENV: p.info.get("alloc_conf") or None}) for p in points]
+    for p, (values, _) in zip(points, in_order(tasks, args.jobs)):
+        rows.append(compare(p, values))
         _print_row(rows[-1])
     for part in PARTS:
         print(summary_text(rows, part))

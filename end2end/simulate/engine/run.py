@@ -15,6 +15,7 @@ the same code runs).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -22,9 +23,11 @@ import sys
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
-__all__ = ["simulate_run", "simulate_runs", "simulate_in_process"]
+__all__ = ["simulate_run", "simulate_runs", "simulate_in_process", "in_order"]
+
+T = TypeVar("T")
 
 
 def simulate_in_process(spec, profile) -> Dict[str, Any]:
@@ -120,12 +123,19 @@ def _collective_summary(collectives, overlapped) -> List[Dict[str, Any]]:
     return list(groups.values())
 
 
-def simulate_run(spec, profile_name: str, calibration: str = "", timeout: float = 900
-                 ) -> Dict[str, Any]:
-    """Simulate ``spec`` in a worker process (see the module docstring); the row's fields."""
+def simulate_run(spec, profile_name: str, calibration: str = "", timeout: float = 900,
+                 environ: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, Any]:
+    """Simulate ``spec`` in a worker process (see the module docstring); the row's fields.
+    ``environ``: variables set for the worker (``None``: unset), e.g. the allocator's
+    configuration a run is launched with."""
     cmd = [sys.executable, "-m", "end2end.simulate.engine.worker", profile_name, calibration]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                CUDA_VISIBLE_DEVICES="")
+    for name, value in (environ or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     try:
         proc = subprocess.run(cmd, input=spec.to_json(), capture_output=True, text=True,
                               timeout=timeout, env=env)
@@ -140,24 +150,33 @@ def simulate_run(spec, profile_name: str, calibration: str = "", timeout: float 
     return json.loads(lines[-1])
 
 
+def in_order(tasks: Sequence[Callable[[], T]], jobs: int = 1) -> Iterator[Tuple[T, float]]:
+    """Each task's result and its own wall seconds, in the order of ``tasks``, ``jobs`` tasks
+    run at a time (threads: each task is expected to wait on a process of its own, e.g.
+    :func:`simulate_run`); a task that finishes early waits for the earlier ones. Leaving the
+    loop (an error, an interrupt) cancels the tasks not yet started."""
+    def timed(task: Callable[[], T]) -> Tuple[T, float]:
+        began = time.perf_counter()
+        result = task()
+        return result, time.perf_counter() - began
+
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        futures = [pool.submit(timed, task) for task in tasks]
+        for future in futures:
+            yield future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def simulate_runs(specs: Sequence, profile_name: str, calibration: str = "",
                   timeout: float = 900, jobs: int = 1
                   ) -> Iterator[Tuple[Any, Dict[str, Any], float]]:
     """``(spec, fields, wall seconds)`` of every run of ``specs``, in their order, ``jobs`` runs
-    simulated at a time (each in its worker process, :func:`simulate_run`). A simulation keeps
-    one core busy (Python on fake tensors), so on a machine of ``jobs`` cores a config's
-    runs take about ``1 / jobs`` of the time; a run that finishes early waits for the earlier
-    ones. Leaving the loop (an error, an interrupt) cancels the runs not yet started."""
-    def one(spec) -> Tuple[Dict[str, Any], float]:
-        began = time.perf_counter()
-        values = simulate_run(spec, profile_name, calibration, timeout)
-        return values, time.perf_counter() - began
-
-    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
-    try:
-        futures = [pool.submit(one, spec) for spec in specs]
-        for spec, future in zip(specs, futures):
-            values, seconds = future.result()
-            yield spec, values, seconds
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+    simulated at a time (each in its worker process, :func:`simulate_run`, through
+    :func:`in_order`). A simulation keeps one core busy (Python on fake tensors), so on a
+    machine of ``jobs`` cores a config's runs take about ``1 / jobs`` of the time."""
+    tasks = [functools.partial(simulate_run, spec, profile_name, calibration, timeout)
+             for spec in specs]
+    for spec, (values, seconds) in zip(specs, in_order(tasks, jobs)):
+        yield spec, values, seconds

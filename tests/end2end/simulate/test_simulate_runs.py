@@ -54,3 +54,32 @@ def test_leaving_the_loop_cancels_the_runs_not_started(monkeypatch):
     assert next(runs)[0] == "a"
     runs.close()  # what an exception or Ctrl-C in the caller's loop does
     assert len(worker.started) <= 3, worker.started  # a, b and at most the one started next
+
+
+def test_a_workers_environment_takes_the_runs_variables(monkeypatch):
+    """``simulate_run(..., environ=...)``: each worker gets the variables of its own run (set, or
+    unset with ``None``), not whatever the parent process holds: what lets ``validate`` simulate
+    points launched with different allocator configurations at the same time. The worker
+    process is replaced by a function of this test that records its environment."""
+    import subprocess
+
+    seen = {}
+
+    def fake_run(cmd, **kwargs):
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"status": "sim"}\n', stderr="")
+
+    class Spec:
+        def to_json(self):
+            return "{}"
+
+    monkeypatch.setattr(run_module.subprocess, "run", fake_run)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "from-the-parent")
+    values = run_module.simulate_run(Spec(), "v100-32gb", environ={
+        "PYTORCH_CUDA_ALLOC_CONF": None, "SLAPO_TEST_VARIABLE": "1"})
+    assert values == {"status": "sim"}
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in seen and seen["SLAPO_TEST_VARIABLE"] == "1"
+    seen.clear()
+    run_module.simulate_run(Spec(), "v100-32gb",
+                            environ={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert seen["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
