@@ -65,7 +65,8 @@ def build_runner(spec, layout, torch_dtype, device, builders: Optional[Any] = No
     return make_runner(spec.mode, target, schedule=schedule, ckpt=ckpt,
                        deepspeed_config=ds_config, num_microbatches=layout.num_microbatches,
                        seed=0, dtype=torch_dtype, tensor_parallel=layout.tp,
-                       pipeline_parallel=layout.pp, builders=builders)
+                       pipeline_parallel=layout.pp, builders=builders,
+                       fp32_masters=bool(spec.fp32_masters))
 
 
 def rank_batch(spec, layout, rank: int, device, dtype):

@@ -2,7 +2,7 @@
 
     torchrun --standalone --nproc_per_node N -m end2end.bench \\
         --mode MODE --model MODEL --seq-len S --dec-seq-len D --batch-size B --ckpt C \\
-        --results FILE [--steps 40] [--warmup 5] [--dtype fp32|fp16|bf16] \\
+        --results FILE [--steps 40] [--warmup 5] [--dtype fp32|fp16|bf16 [--fp32-masters]] \\
         [--tp T] [--pp P] [--micro-batch-size M] [--device cpu|cuda] \\
         [--peak-tflops X] [--gemm-seconds 0.5] [--knob NAME=VALUE ...] [--repeat R] \\
         [--mem-budget-gb X] [--save-every N [--save-dir DIR]] [--resume DIR]
@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"untimed steps before them, >= 0 (default: {DEFAULTS['warmup']})")
     p.add_argument("--dtype", choices=tuple(DTYPES), default=None,
                    help=f"parameter/activation dtype (default: {DEFAULTS['dtype']})")
+    p.add_argument("--fp32-masters", action="store_true", default=None,
+                   help="with --dtype fp16/bf16: the plain-PyTorch modes (eager, slapo, "
+                        "slapo-auto) keep fp32 master weights and optimizer states, as apex's "
+                        "O2 (the other modes keep them anyway)")
     p.add_argument("--tp", type=number(int, minimum=1), default=None,
                    help="tensor-parallel size (default: the mode's layout, see README)")
     p.add_argument("--pp", type=number(int, minimum=1), default=None,
@@ -157,7 +161,8 @@ def spec_from_args(args: argparse.Namespace, world_size: int):
     spec = make_run_spec(args.mode, args.model, world_size, args.seq_len, args.dec_seq_len,
                          args.batch_size, args.ckpt, steps=args.steps, warmup=args.warmup,
                          dtype=args.dtype, tp=args.tp, pp=args.pp,
-                         micro_batch=args.micro_batch_size, repeat=args.repeat)
+                         micro_batch=args.micro_batch_size, repeat=args.repeat,
+                         fp32_masters=args.fp32_masters)
     spec = replace(spec, knobs=knob_text(args.knob))  # checked in the run: a bad knob is a row
     return replace(spec, **{k: v for k, v in DEFAULTS.items() if getattr(spec, k) is None})
 

@@ -54,7 +54,7 @@ def _deepspeed_step(engine: Any, microbatches: int = 1) -> Callable[[Batch], flo
     return step
 
 
-def plain_torch_step(model: nn.Module, opt: torch.optim.Optimizer, dp_group: Any = None,
+def plain_torch_step(model: nn.Module, opt: Any, dp_group: Any = None,
                      microbatches: int = 1) -> Callable[[Batch], float]:
     """The training step of a model on plain PyTorch (also under DDP or FSDP2): a function
     ``step(batch) -> loss`` that zeroes the gradients, runs forward (keyword inputs moved to the
@@ -63,10 +63,13 @@ def plain_torch_step(model: nn.Module, opt: torch.optim.Optimizer, dp_group: Any
     ``1 / microbatches``, so the step's gradient is the whole batch's mean; DDP synchronises at
     the last micro-batch only, FSDP2 reduce-scatters every micro-batch's gradient, its default,
     and holds no unsharded gradient between them), then ``opt.step()``, and returns the
-    micro-batches' mean loss averaged over ``dp_group`` (``None``: this rank's). The builders
-    of the torch modes use it, and the simulator's stand-in for DeepSpeed
-    (:mod:`end2end.simulate.engine.modelled`)."""
+    micro-batches' mean loss averaged over ``dp_group`` (``None``: this rank's). An optimizer
+    that keeps fp32 masters (:func:`end2end.driver.megatron_optimizer.mixed_precision_optimizer`)
+    scales each loss by its loss scale before the backward (``opt.scale_loss``; 1 in bf16) and
+    skips a step whose gradients overflow. The builders of the torch modes use it, and the
+    simulator's stand-in for DeepSpeed (:mod:`end2end.simulate.engine.modelled`)."""
     device = next(model.parameters()).device
+    scale_loss = getattr(opt, "scale_loss", None)
 
     def step(batch: Batch) -> float:
         opt.zero_grad(set_to_none=True)
@@ -75,7 +78,8 @@ def plain_torch_step(model: nn.Module, opt: torch.optim.Optimizer, dp_group: Any
         for i, part in enumerate(parts):
             with _gradient_sync(model, last=i == len(parts) - 1):
                 loss = model(**{k: v.to(device) for k, v in part.items()}).loss
-                (loss / microbatches if microbatches > 1 else loss).backward()
+                scaled = loss / microbatches if microbatches > 1 else loss
+                (scale_loss(scaled) if scale_loss is not None else scaled).backward()
             total += loss.detach().float() / microbatches
         opt.step()
         if dp_group is not None:
@@ -163,10 +167,19 @@ def _with_mode_recipe(request: RunnerRequest) -> RunnerRequest:
 @builds("eager", "slapo", "slapo-auto")
 def _torch_runner(request: RunnerRequest) -> Runner:
     """Plain PyTorch; the unscheduled model is data parallel (DDP) on several ranks, the
-    scheduled one runs its own (TP) layout (the mode's recipe where it has one)."""
+    scheduled one runs its own (TP) layout (the mode's recipe where it has one); in low
+    precision the cast model, with fp32 masters in the optimizer where the run asks for them."""
     built, _ = slapo.build(scheduled_model(_with_mode_recipe(request)), target="torch")
     built = built.to(request.env.device)
-    opt = request.optimizer([p for p in built.parameters() if p.requires_grad])
+    params = [p for p in built.parameters() if p.requires_grad]
+    if request.optimizer_keeps_masters:  # the run's fp32_masters: apex O2's way
+        from end2end.driver.megatron_optimizer import mixed_precision_optimizer
+
+        # the overflow vote over the world: TP shards differ, DDP replicas agree
+        opt = mixed_precision_optimizer(params, request.dtype, request.optimizer,
+                                        vote_group=None)
+    else:
+        opt = request.optimizer(params)
     dp_group = None
     if not request.mode.slapo and request.env.world_size > 1:  # data parallel
         built = torch.nn.parallel.DistributedDataParallel(built)

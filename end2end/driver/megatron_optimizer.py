@@ -27,9 +27,11 @@ Three pieces of megatron-core are bridged here, not rewritten:
   types with their CUDA names; everything afterwards runs megatron-core's code unchanged
   (``torch._amp_foreach_non_finite_check_and_unscale_`` has a CPU kernel) except the two
   overrides below.
-* fp16 copies the masters into the model through megatron's ``multi_tensor_applier`` (without
-  Apex/TransformerEngine a multiply by 1.0 per tensor); the override copies them as megatron's
-  bf16 path does (:meth:`MegatronMixedPrecisionOptimizer._copy_main_params_to_model_params`).
+* fp16 copies the masters into the model through megatron's ``multi_tensor_applier`` (with
+  Apex/TransformerEngine one multi-tensor kernel family, without them a multiply by 1.0 per
+  tensor); the override copies them with torch's own multi-tensor copy, bf16 one tensor at a
+  time as megatron's bf16 path does
+  (:meth:`MegatronMixedPrecisionOptimizer._copy_main_params_to_model_params`).
 * the overflow vote reads ``found_inf.item()``; on fake tensors (the simulator,
   :mod:`end2end.simulate`) that value does not exist and reads as 1, which would skip every
   simulated step: :class:`MegatronMixedPrecisionOptimizer` runs the same unscale and all-reduce
@@ -93,12 +95,18 @@ class MegatronMixedPrecisionOptimizer(Float16OptimizerWithFloat16Params):
         return False
 
     def _copy_main_params_to_model_params(self) -> None:
-        """Masters into the model, one ``copy_`` per tensor (megatron's own bf16 path) in fp16
-        too: megatron's fp16 path without Apex/TransformerEngine multiplies each master by 1.0
-        first (``local_multi_tensor_scale``), the same values through an fp32 temporary per
-        tensor that fake tensors keep alive to the end of the step (+5 GB per rank for
-        LLaMA-7B at TP 8 in the simulator)."""
-        for model, main in zip(*self._get_model_and_main_params_data_float16()):
+        """Masters into the model. fp16: one ``torch._foreach_copy_`` over every tensor, as
+        Megatron-LM copies them with Apex's/TransformerEngine's ``multi_tensor_scale`` by 1.0
+        (and apex's O2 the same way); megatron's fallback without those libraries multiplies
+        each master by 1.0 first (``local_multi_tensor_scale``), the same values through an fp32
+        temporary per tensor that fake tensors keep alive to the end of the step (+5 GB per
+        rank for LLaMA-7B at TP 8 in the simulator). bf16: one ``copy_`` per tensor, megatron's
+        own bf16 path."""
+        models, mains = self._get_model_and_main_params_data_float16()
+        if self._dummy_overflow_buf is not None:  # fp16: megatron's multi-tensor path
+            torch._foreach_copy_(models, mains)
+            return
+        for model, main in zip(models, mains):
             model.copy_(main)
 
 
@@ -114,7 +122,8 @@ def _check_params(params: List[torch.nn.Parameter], dtype: torch.dtype) -> None:
 def mixed_precision_optimizer(params: Iterable[torch.nn.Parameter], dtype: torch.dtype,
                               base: OptimizerFactory, *, initial_loss_scale: float = 2.0 ** 16,
                               hysteresis: int = 2,
-                              device: Optional[torch.device] = None
+                              device: Optional[torch.device] = None,
+                              vote_group: Any = "megatron"
                               ) -> MegatronMixedPrecisionOptimizer:
     """megatron-core's mixed-precision optimizer over ``params`` (all of ``dtype``, fp16 or
     bf16): ``base(params)`` (the mode's torch optimizer) made over them, its parameters then
@@ -123,8 +132,10 @@ def mixed_precision_optimizer(params: Iterable[torch.nn.Parameter], dtype: torch
     DeepSpeed's default (``initial_scale_power`` 16), not Megatron-LM's 2^32: from 2^32 the
     first ~17 fp16 steps overflow and skip the optimizer (seen on a tiny GPT), which in a
     benchmark of 40 steps would make the megatron modes' steps look cheaper than DeepSpeed's.
-    megatron's parallel state must be initialised (the overflow vote runs over its
-    model-parallel group). ``device``: where the
+    ``vote_group``: the ranks whose gradients hold different parts of the model, which vote on
+    an overflow (``"megatron"``, the default: megatron's model-parallel group, so its parallel
+    state must be initialised; ``None``: the default group, e.g. a plain-PyTorch TP run over
+    the world or data-parallel replicas that hold the same gradients). ``device``: where the
     flags live (default: the parameters' device).
 
     Raises:
@@ -149,7 +160,8 @@ def mixed_precision_optimizer(params: Iterable[torch.nn.Parameter], dtype: torch
                             backoff_factor=0.5, growth_interval=config.loss_scale_window,
                             hysteresis=config.hysteresis) if fp16 else None
         opt = MegatronMixedPrecisionOptimizer(base(params), config, scaler, lambda _: None)
-    opt.grad_stats_parallel_group = ps.get_model_parallel_group()
+    opt.grad_stats_parallel_group = (ps.get_model_parallel_group() if vote_group == "megatron"
+                                     else vote_group)
     return opt
 
 

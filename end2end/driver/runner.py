@@ -120,10 +120,20 @@ class RunnerRequest:
     tensor_parallel: int
     pipeline_parallel: int
     env: Any
+    fp32_masters: bool = False
 
     @property
     def low_precision(self) -> bool:
         return self.dtype is not None and self.dtype != torch.float32
+
+    @property
+    def optimizer_keeps_masters(self) -> bool:
+        """The cast model trains under an optimizer that keeps fp32 masters: the megatron modes
+        in low precision, a plain-PyTorch mode whose run asked for ``fp32_masters``
+        (:attr:`~end2end.spec.modes.Mode.master_weights`)."""
+        kind = self.mode.master_weights
+        return self.low_precision and (kind == "optimizer" or (kind == "on_request"
+                                                               and self.fp32_masters))
 
 
 Builder = Callable[[RunnerRequest], Runner]

@@ -14,7 +14,9 @@ fp32 optimizer states: DeepSpeed and FSDP2 are given the fp32 model and cast the
 themselves; ``megatron`` and ``slapo-megatron`` train the model cast to ``dtype`` under
 megatron-core's ``Float16OptimizerWithFloat16Params`` (fp32 masters, fp16 with Megatron-LM's
 dynamic loss scaling: :mod:`end2end.driver.megatron_optimizer`), as Megatron-LM does. The others
-train the model cast to ``dtype`` with the optimizer's states in ``dtype`` (pure low precision).
+train the model cast to ``dtype`` with the optimizer's states in ``dtype`` (pure low precision),
+unless the run asks for ``fp32_masters``: then ``eager``, ``slapo`` and ``slapo-auto`` keep them
+as the megatron modes do (the way apex's O2 trains a plain-PyTorch model; NVIDIA's BERT runs).
 
 **Pipelines** (``pipeline_parallel`` > 1, the modes with a ``pipeline_target``: ``slapo`` and
 ``slapo-deepspeed``): the schedule must cut the model into that many stages (the driver passes
@@ -85,6 +87,7 @@ def make_runner(
     tensor_parallel: Optional[int] = None,
     pipeline_parallel: int = 1,
     builders: Optional[Builders] = None,
+    fp32_masters: bool = False,
 ) -> Runner:
     """Build ``mode``'s model on this rank (see the module docstring) with the builder the mode
     registered (:func:`builds`).
@@ -114,10 +117,15 @@ def make_runner(
             schedule must cut that many stages, see the module docstring).
         builders: the builder table to build with (default :func:`default_builders`); the
             simulator passes one whose ZeRO-3 and pipeline builders are its models.
+        fp32_masters: with a low ``dtype``, a mode whose
+            :attr:`~end2end.spec.modes.Mode.master_weights` is ``on_request`` keeps fp32
+            masters in megatron-core's mixed-precision optimizer (fp16 with dynamic loss
+            scaling); the ``mixed_precision`` modes keep them anyway.
 
     Raises:
         ConfigError: an unknown mode; pipeline stages in a mode without pipelines, or a
-            schedule that does not cut the model into ``pipeline_parallel`` stages.
+            schedule that does not cut the model into ``pipeline_parallel`` stages;
+            ``fp32_masters`` in a mode or pipeline that cannot keep them.
     """
     try:
         info = get_mode(mode)
@@ -128,11 +136,14 @@ def make_runner(
                           call="make_runner", hint="pipelines run in modes "
                           f"{', '.join(repr(m) for m in MODES if get_mode(m).pipeline_enabled)}"
                           "; see end2end.driver.pipeline_plan")
+    if fp32_masters:
+        info.check_fp32_masters(pipeline_parallel)
     env = init_distributed()
     tp = tensor_parallel or (env.world_size // pipeline_parallel
                              if info.tp_default or pipeline_parallel > 1 else 1)
     request = RunnerRequest(info, model_or_config, schedule, ckpt, optimizer, deepspeed_config,
-                            num_microbatches, seed, dtype, tp, pipeline_parallel, env)
+                            num_microbatches, seed, dtype, tp, pipeline_parallel, env,
+                            fp32_masters)
     table = builders or default_builders()
     if pipeline_parallel > 1:
         return table.pipeline(request, scheduled_model(request))

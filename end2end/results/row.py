@@ -82,7 +82,10 @@ class ResultRow:
                     world=spec.n, tp=tp, pp=pp, dp=dp, dtype=spec.dtype or "",
                     steps=spec.steps, knobs=spec.knobs, repeat=spec.repeat)
         base.update(values)
-        return cls(**base)
+        row = cls(**base)
+        if spec.fp32_masters:  # a run option outside the key: said in the JSON twin
+            row.extra = dict(row.extra, fp32_masters=True)
+        return row
 
     @property
     def key(self) -> Tuple:

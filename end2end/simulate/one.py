@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("--tp", "--pp", "--micro-batch-size"):
         p.add_argument(name, type=int, default=None)
     p.add_argument("--dtype", default=None)
+    p.add_argument("--fp32-masters", action="store_true", default=None,
+                   help="fp32 master weights in the plain-PyTorch modes (end2end.bench's)")
     p.add_argument("--timeout", type=number(float, above=0), default=600,
                    help="seconds before the simulation is stopped (a timeout prediction)")
     return p
@@ -105,7 +107,8 @@ def predict_one(args: argparse.Namespace) -> Dict[str, Any]:
                              args.batch_size, args.ckpt, source="end2end.simulate.one",
                              dtype=args.dtype, tp=args.tp, pp=args.pp,
                              micro_batch=args.micro_batch_size,
-                             knobs=format_knobs(args.knob) or None)
+                             knobs=format_knobs(args.knob) or None,
+                             fp32_masters=args.fp32_masters)
     except SlapoError as exc:
         return {"status": "fail", "error": f"invalid run: {' '.join(str(exc).split())}"}
     profile = get_profile(args.device, args.calibration or None)  # an unknown name: ConfigError

@@ -30,8 +30,11 @@ One benchmark case per line (whitespace separated, shell-style quotes)::
   knobs of the Slapo modes, the rest of the pragma: ``#@ knobs=shard_embedding=False``; an
   empty ``#@ knobs=`` drops them; see :mod:`end2end.spec.knobs`), ``save_every`` and ``resume``
   (the driver's ``--save-every N`` / ``--resume DIR``: each run saves into, and resumes from, its
-  own ``<results>.state/<run>`` directory, :mod:`end2end.driver.resume`); ``#@ reset`` clears
-  them all.
+  own ``<results>.state/<run>`` directory, :mod:`end2end.driver.resume`), ``fp32_masters``
+  (``1``/``0``, with dtype fp16/bf16: the plain-PyTorch modes keep fp32 master weights and
+  optimizer states as apex's O2 does, the driver's ``--fp32-masters``; the modes that always
+  keep them are unchanged, :attr:`~end2end.spec.modes.Mode.master_weights`); ``#@ reset``
+  clears them all.
 
 Errors name the place: ``cpu.cfg:7: CKPT 'half' is not valid for mode 'slapo'. Hint: ...``.
 """
@@ -64,7 +67,8 @@ __all__ = [
 
 FIELDS = "MODE MODEL GPUS SEQ_LEN DEC_SEQ_LEN BATCH_SIZE CKPT"
 OPTION_KEYS = ("steps", "warmup", "dtype", "tp", "pp", "micro_batch", "knobs", "save_every",
-               "resume")
+               "resume", "fp32_masters")
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
 DTYPES = tuple(_DTYPE_NAMES)  # fp32 fp16 bf16
 
 
@@ -162,6 +166,11 @@ def _parse_options(text: str, source: str, options: Dict[str, object]) -> None:
             if value not in DTYPES:
                 raise ConfigLineError(source, f"dtype {value!r} is not one of {DTYPES}")
             options[key] = value
+        elif key == "fp32_masters":
+            if value.lower() not in _FLAGS:
+                raise ConfigLineError(source, f"fp32_masters={value!r} is not a flag",
+                                      hint="write fp32_masters=1 (or 0)")
+            options[key] = _FLAGS[value.lower()]
         elif key == "resume":
             if not value:
                 raise ConfigLineError(source, "resume= names no directory",
@@ -311,6 +320,15 @@ def expand(lines: Sequence[ConfigLine], max_devices: Optional[int] = None) -> Li
 
 def _check_layout(spec: RunSpec) -> None:
     tp, pp, dp = spec.parallel_sizes
+    if spec.fp32_masters:
+        if (spec.dtype or "fp32") == "fp32":
+            raise ConfigLineError(spec.source, "fp32_masters=1 in an fp32 run",
+                                  hint="set dtype=fp16 or dtype=bf16 (an fp32 run's weights "
+                                  "are its masters), or drop fp32_masters")
+        try:
+            spec.mode_info.check_fp32_masters(pp)
+        except ConfigError as exc:
+            raise ConfigLineError(spec.source, exc.what, hint=exc.hint) from None
     if tp * pp * dp != spec.n:
         raise ConfigLineError(spec.source, f"tp={tp} x pp={pp} does not divide n={spec.n}",
                               hint="choose GPU counts that are multiples of tp*pp")

@@ -66,7 +66,10 @@ class Mode:
     fp32 model and makes the low-precision compute copy itself: DeepSpeed's engine, FSDP2's
     policy) or ``optimizer`` (the model is cast to the dtype and megatron-core's
     ``Float16OptimizerWithFloat16Params`` holds fp32 copies, fp16 with dynamic loss scaling, as
-    Megatron-LM: :mod:`end2end.driver.megatron_optimizer`)."""
+    Megatron-LM: :mod:`end2end.driver.megatron_optimizer`). A mode without
+    ``mixed_precision``: ``on_request`` (the cast model with its states in the dtype, unless
+    the run asks for ``fp32_masters``: then as ``optimizer``, the way apex's O2 trains the
+    plain-PyTorch model) or ``none`` (always the cast model)."""
     schedule_group: str = "world"
     """The TP group of the Slapo schedule: ``world`` (all ranks, or TP blocks of a pipeline),
     ``megatron`` (megatron-core's TP group), ``blocks`` (blocks of ``--tp`` consecutive ranks;
@@ -83,6 +86,21 @@ class Mode:
     def tp_enabled(self) -> bool:
         """Takes ``--tp`` > 1 without a pipeline."""
         return self.tp != "none"
+
+    def check_fp32_masters(self, pp: int = 1) -> None:
+        """Raise :class:`ConfigError` when a run of this mode with ``pp`` stages cannot keep
+        the fp32 masters the run option ``fp32_masters`` asks for; the ``mixed_precision``
+        modes keep them anyway."""
+        if self.mixed_precision or (self.master_weights == "on_request" and pp == 1):
+            return
+        why = (f"mode {self.name!r} trains the model cast to the dtype" if pp == 1 else
+               f"the {self.pipeline_target} pipeline of mode {self.name!r} steps its own "
+               "optimizer")
+        raise ConfigError(f"fp32_masters: {why}, without master weights",
+                          call="fp32_masters", hint="drop the option, or use a mode that keeps "
+                          "them: " + ", ".join(m.name for m in MODE_TABLE.values()
+                                               if m.master_weights == "on_request"
+                                               or m.mixed_precision) + " (pp=1)")
 
     @property
     def pipeline_enabled(self) -> bool:
@@ -149,13 +167,14 @@ MODE_TABLE: Dict[str, Mode] = {m.name: m for m in (
          pipeline_target="deepspeed", baselines=("deepspeed",)),
     Mode("eager", "Eager", "#8172b3", "torch",
          "the unscheduled HF model on plain PyTorch (DDP on several ranks)",
+         master_weights="on_request",
          pipeline_refusal=("the unscheduled HF model has no stage cuts",
                            "use mode 'slapo' (the same model cut into stages by its Slapo "
                            "schedule, on plain PyTorch), or pp=1")),
     Mode("slapo", "Slapo", "#937860", "torch",
          "the scheduled model on plain PyTorch, TP over all ranks; with --pp a torch pipeline",
          slapo=True, tp_default=True, tp="world", ckpt="ratio", pipeline_target="torch",
-         baselines=("eager",)),
+         master_weights="on_request", baselines=("eager",)),
     Mode("fsdp", "FSDP2", "#8c8c8c", "fsdp",
          "the unscheduled HF model under FSDP2 (fully_shard per layer + root)",
          mixed_precision=True),
@@ -165,15 +184,16 @@ MODE_TABLE: Dict[str, Mode] = {m.name: m for m in (
          baselines=("fsdp",)),
     Mode("dtensor-tp", "DTensor-TP", "#64b5cd", "torch",
          "the unscheduled HF model with PyTorch's DTensor TP plan of its family",
-         tp_default=True, tp="world"),
+         tp_default=True, tp="world", master_weights="none"),
     Mode("hf-tp", "HF-TP", "#e5ae38", "torch",
          "the unscheduled HF model sharded by transformers' own tensor parallelism "
          "(apply_tensor_parallelism) with its config's plan, TP over all ranks",
-         tp_default=True, tp="world"),
+         tp_default=True, tp="world", master_weights="none"),
     Mode("slapo-auto", "Slapo-auto", "#2ca02c", "torch",
          "the model with the Slapo schedule derived from its config's TP plan (\"auto\") on "
          "plain PyTorch, TP over all ranks", slapo=True, tp_default=True, tp="world",
          ckpt="ratio", recipe="auto", baselines=("hf-tp", "fsdp", "dtensor-tp"),
+         master_weights="on_request",
          pipeline_refusal=("the 'auto' mode runs without pipeline stages",
                            "use mode 'slapo' (its torch pipeline runs the model's own recipe, "
                            "'auto' for the families without a hand recipe), or pp=1")),

@@ -80,6 +80,8 @@ class RunSpec:
     a results file; it does not include ``source`` or the other run options, so moving a line or
     changing ``steps`` keeps it. ``knobs``: model-schedule knobs, canonical text
     (:mod:`end2end.spec.knobs`); ``repeat``: the index of an interleaved repeat (0 = the first).
+    ``fp32_masters``: a plain-PyTorch mode in fp16/bf16 keeps fp32 master weights and optimizer
+    states (:attr:`~end2end.spec.modes.Mode.master_weights`); the other modes keep them anyway.
     """
 
     mode: str
@@ -101,6 +103,7 @@ class RunSpec:
     repeat: int = 0
     save_every: Optional[int] = field(default=None, compare=False)
     resume: Optional[str] = field(default=None, compare=False)
+    fp32_masters: Optional[bool] = field(default=None, compare=False)
 
     @property
     def key(self) -> Tuple:
@@ -209,4 +212,6 @@ class RunSpec:
         for name, value in (("--save-every", self.save_every), ("--resume", self.resume)):
             if value is not None:
                 args += [name, str(value)]
+        if self.fp32_masters:
+            args.append("--fp32-masters")
         return args + (["--repeat", str(self.repeat)] if self.repeat else [])

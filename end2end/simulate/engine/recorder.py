@@ -131,6 +131,7 @@ class StepRecorder(TorchDispatchMode):
         self.ops: List[OpRecord] = []
         self.collectives: List[CollectiveRecord] = []
         self.phase = "forward"
+        self.in_wrapper_step = False  # set by the simulator around a wrapping optimizer's step
         self._flops = {**flop_registry, **EXTRA_FLOPS}
         self._collective_ops = collective_ops - sync_ops
         self.live = 0  # bytes of storages created in the step and still alive

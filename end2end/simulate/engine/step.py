@@ -124,7 +124,7 @@ def simulate_rank(spec, layout, rank: int, gpu: Any = False) -> RankResult:
         before = _resident(runner)
         states_before = storage_keys(_state_tensors(runner)["optstate"])
         recorder = StepRecorder()
-        hooks = _optimizer_phase(recorder)
+        hooks = _optimizer_phase(recorder, runner.optimizer)
         capability = _capability(gpu)
         attention = GpuAttention(capability) if capability else contextlib.nullcontext()
         masks = padding_masks_read_as_on_a_real_run()  # every profile: a CPU drops it too
@@ -255,8 +255,31 @@ def build_pipeline_schedule(runner, batch) -> bool:
     return True
 
 
-def _optimizer_phase(recorder: StepRecorder) -> List[Any]:
-    """Global optimizer hooks: ops between an optimizer's pre and post step are ``optimizer``."""
+class _WrapperStep:
+    """While installed: the whole ``step`` of an optimizer that wraps a torch optimizer
+    (megatron-core's mixed-precision optimizer: the gradients copied into fp32, unscaled, the
+    inner step, the masters copied back) is the ``optimizer`` phase, not only its inner step."""
+
+    def __init__(self, recorder: StepRecorder, optimizer: Any):
+        self.optimizer, self.step = optimizer, optimizer.step
+
+        def step(*args, **kwargs):
+            recorder.phase, recorder.in_wrapper_step = "optimizer", True
+            try:
+                return self.step(*args, **kwargs)
+            finally:
+                recorder.phase, recorder.in_wrapper_step = "forward", False
+                recorder.stepped = True
+
+        optimizer.step = step
+
+    def remove(self) -> None:
+        del self.optimizer.step  # the class's method again
+
+
+def _optimizer_phase(recorder: StepRecorder, optimizer: Any = None) -> List[Any]:
+    """Global optimizer hooks: ops between an optimizer's pre and post step are ``optimizer``;
+    for ``optimizer`` that wraps a torch optimizer, its whole step (:class:`_WrapperStep`)."""
     from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                        register_optimizer_step_pre_hook)
 
@@ -264,10 +287,15 @@ def _optimizer_phase(recorder: StepRecorder) -> List[Any]:
         recorder.phase = "optimizer"
 
     def post(*_):
-        recorder.phase = "forward"
-        recorder.stepped = True
+        if not recorder.in_wrapper_step:
+            recorder.phase = "forward"
+            recorder.stepped = True
 
-    return [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+    hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+    if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(
+            getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        hooks.append(_WrapperStep(recorder, optimizer))
+    return hooks
 
 
 def _rank_json(spec_json: str, layout: Dict[str, int], rank: int, gpu: Any) -> Dict[str, Any]:

@@ -180,3 +180,29 @@ def test_save_every_and_resume_pragmas_reach_the_driver():
         parse_lines(["#@ save_every=0"], "s.cfg")
     with pytest.raises(ConfigLineError, match="s.cfg:1: resume= names no directory"):
         parse_lines(["#@ resume="], "s.cfg")
+
+
+def test_fp32_masters_option_reaches_the_driver_or_is_refused_with_the_line():
+    text = ["#@ dtype=fp16 fp32_masters=1", "eager gpt2 1 128 0 4 0", "deepspeed gpt2 2 128 0 4 0",
+            "#@ fp32_masters=0", "slapo gpt2 2 128 0 4 0"]
+    eager, deepspeed, slapo = expand(parse_lines(text, "m.cfg"))
+    assert eager.fp32_masters and deepspeed.fp32_masters and slapo.fp32_masters is False
+    assert "--fp32-masters" in eager.cli_args() and "--fp32-masters" not in slapo.cli_args()
+    assert eager.key == make_run_spec("eager", "gpt2", 1, 128, 0, 4, "0").key  # not in the key
+    assert RunSpec.from_json(eager.to_json()).fp32_masters is True
+    from end2end.driver.bench import parse_args, spec_from_args
+
+    args = parse_args(["--mode", "eager", "--model", "gpt2", "--seq-len", "128",
+                       "--batch-size", "4", "--ckpt", "0", "--results", "r.tsv",
+                       *eager.cli_args()[-3:]])
+    assert spec_from_args(args, 1).fp32_masters is True
+    for lines, match in (
+            (["#@ fp32_masters=yes"], "m.cfg:1: fp32_masters='yes' is not a flag"),
+            (["#@ fp32_masters=1", "eager gpt2 1 128 0 4 0"],
+             "m.cfg:2: fp32_masters=1 in an fp32 run"),
+            (["#@ dtype=bf16 fp32_masters=1", "dtensor-tp llama 2 128 0 4 0"],
+             "m.cfg:2: fp32_masters: mode 'dtensor-tp' trains the model cast"),
+            (["#@ dtype=bf16 fp32_masters=1 pp=2", "slapo gpt2 2 128 0 4 0"],
+             "m.cfg:2: fp32_masters: the torch pipeline of mode 'slapo'")):
+        with pytest.raises(ConfigLineError, match=match):
+            expand(parse_lines(lines, "m.cfg"))

@@ -1,10 +1,12 @@
-"""Megatron-LM's mixed precision in the ``megatron`` and ``slapo-megatron`` modes
-(:mod:`end2end.driver.megatron_optimizer`): in bf16/fp16 the model is cast, megatron-core's
-``Float16OptimizerWithFloat16Params`` keeps fp32 masters and fp32 Adam moments (12 bytes per
-parameter beyond the model's weights and gradients), the model is the masters cast down after
-every step, the masters follow fp32 AdamW on the (unscaled) gradients exactly, and fp16 skips an
-overflowing step with the scale halving after Megatron-LM's hysteresis of 2. On 1 rank and on 2
-gloo ranks (TP 2), one spawn per world size."""
+"""fp32 masters in the optimizer (:mod:`end2end.driver.megatron_optimizer`): Megatron-LM's mixed
+precision in the ``megatron`` and ``slapo-megatron`` modes, and apex O2's in the plain-PyTorch
+modes (``eager`` under DDP, ``slapo``) when the run asks for ``fp32_masters``. In bf16/fp16 the
+model is cast, megatron-core's ``Float16OptimizerWithFloat16Params`` keeps fp32 masters and fp32
+Adam moments (12 bytes per parameter beyond the model's weights and gradients), the model is the
+masters cast down after every step, the masters follow fp32 AdamW on the (unscaled) gradients
+exactly, the masters bring bf16 closer to the fp32 run than the cast model's own AdamW, and fp16
+skips an overflowing step with the scale halving after Megatron-LM's hysteresis of 2. On 1 rank
+and on 2 gloo ranks (TP 2; ``eager``: DDP over the same batch), one spawn per world size."""
 
 import math
 
@@ -16,18 +18,23 @@ from slapo.testing import example_inputs, run_distributed, tiny_config
 from tests.dialects.reference import tp_schedule_gpt2
 
 STEPS = 4
-MODES = (("megatron", None), ("slapo-megatron", tp_schedule_gpt2))
+MODES = (("megatron", None), ("slapo-megatron", tp_schedule_gpt2), ("eager", None),
+         ("slapo", tp_schedule_gpt2))
+PLAIN = ("eager", "slapo")  # masters only where the run asks (fp32_masters)
 
 
 def _adamw(params):
     return torch.optim.AdamW(params, lr=1e-3)
 
 
-def _runner(mode, schedule, dtype, tp):
+def _runner(mode, schedule, dtype, tp, fp32_masters=True):
     from end2end.driver.runtimes import make_runner
 
+    plain = mode in PLAIN
     return make_runner(mode, tiny_config("gpt2", use_cache=False), schedule=schedule,
-                       optimizer=_adamw, dtype=dtype, tensor_parallel=tp)
+                       optimizer=_adamw, dtype=dtype,
+                       tensor_parallel=None if mode == "eager" else tp,
+                       fp32_masters=plain and fp32_masters)
 
 
 def _batch(dp):
@@ -41,6 +48,16 @@ def _dp_average(grads):
     flat = torch._utils._flatten_dense_tensors(grads)
     torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.AVG)
     return list(torch._utils._unflatten_dense_tensors(flat, grads))
+
+
+def _ddp_average(grads):
+    """What DDP does to gradients: each divided by the world size in the model's dtype, then
+    summed over the ranks (in fp16 the division rounds a subnormal gradient)."""
+    world = torch.distributed.get_world_size()
+    out = [g / world for g in grads]
+    for g in out:
+        torch.distributed.all_reduce(g)
+    return out
 
 
 def _record_grads(model):
@@ -85,7 +102,10 @@ def _train_against_reference(mode, schedule, dtype, tp, dp=False):
         scale = float(opt.get_loss_scale())
         out["losses"].append(runner.train_step(_batch(dp)))
         local = [grads[n] for n in names]
+        if mode == "eager" and torch.distributed.get_world_size() > 1:
+            local = _ddp_average(local)  # DDP over the same batch on every rank
         g = [t.float() / scale for t in (_dp_average(local) if dp else local)]
+        out.setdefault("grad_norm", float(torch.cat([t.flatten() for t in g]).norm()))
         if not all(bool(t.isfinite().all()) for t in g):
             out["skipped"] += 1
             continue
@@ -142,9 +162,22 @@ def _fp32_and_cast_losses(world):
     return exact, cast
 
 
+def _plain_fp32_and_cast_losses():
+    """The plain-PyTorch ``eager`` run's losses in fp32 and as the cast bf16 model with bf16
+    moments (no ``fp32_masters``)."""
+    out = []
+    for dtype in (None, torch.bfloat16):
+        runner = _runner("eager", None, dtype, 1, fp32_masters=False)
+        assert not hasattr(runner.optimizer, "fp32_from_float16_groups") or dtype is None
+        out.append([runner.train_step(example_inputs("gpt2")) for _ in range(STEPS)])
+        runner.close()
+    return out
+
+
 def _all(world):
     out = {(mode, str(dtype)): _train_against_reference(mode, schedule, dtype, world)
            for mode, schedule in MODES for dtype in (torch.bfloat16, torch.float16)}
+    out["plain_fp32"], out["plain_cast"] = _plain_fp32_and_cast_losses()
     if world > 1:  # TP 1 x DP 2: each rank its own batch, gradients averaged before the step
         out["dp"] = _train_against_reference("megatron", None, torch.bfloat16, 1, dp=True)
     out["overflow"] = _fp16_overflow(world)
@@ -154,7 +187,7 @@ def _all(world):
 
 @pytest.mark.parametrize("world", [1, 2])
 def test_megatron_modes_keep_fp32_masters(world):
-    for out in run_distributed(_all, world, world, timeout=400):
+    for out in run_distributed(_all, world, world, timeout=600):
         for mode, _ in MODES:
             for dtype in ("torch.bfloat16", "torch.float16"):
                 run = out[(mode, dtype)]
@@ -164,13 +197,19 @@ def test_megatron_modes_keep_fp32_masters(world):
                 assert run["cast"] and all(run["cast"]), (mode, dtype, run)
                 assert all(math.isfinite(x) for x in run["losses"]), (mode, dtype, run)
                 assert run["skipped"] == 0, (mode, dtype, run)
+            # the loss was scaled before the backward: the fp16 model's gradients, unscaled,
+            # are the bf16 model's (a loss scale the backward never saw reads 2**-10 off)
+            fp16, bf16 = (out[(mode, d)]["grad_norm"] for d in ("torch.float16",
+                                                                 "torch.bfloat16"))
+            assert abs(fp16 / bf16 - 1) < 0.05, (mode, fp16, bf16)
         # (b) the masters make bf16 follow fp32 closer than the cast model's AdamW does
-        mixed = out[("megatron", "torch.bfloat16")]["losses"]
-        fp32, cast = out["fp32"], out["cast"]
-        assert mixed[0] == cast[0]
-        err_mixed = sum(abs(a - b) for a, b in zip(mixed[1:], fp32[1:]))
-        err_cast = sum(abs(a - b) for a, b in zip(cast[1:], fp32[1:]))
-        assert err_mixed < err_cast, (mixed, cast, fp32)
+        for mode, fp32, cast in (("megatron", out["fp32"], out["cast"]),
+                                 ("eager", out["plain_fp32"], out["plain_cast"])):
+            mixed = out[(mode, "torch.bfloat16")]["losses"]
+            assert mixed[0] == cast[0], mode
+            err_mixed = sum(abs(a - b) for a, b in zip(mixed[1:], fp32[1:]))
+            err_cast = sum(abs(a - b) for a, b in zip(cast[1:], fp32[1:]))
+            assert err_mixed < err_cast, (mode, mixed, cast, fp32)
         if world > 1:
             assert all(out["dp"]["cast"]) and len(out["dp"]["cast"]) == STEPS, out["dp"]
         # (c) fp16 overflow: skipped on every rank, the scale halves on the second in a row
@@ -191,3 +230,14 @@ def test_fp32_runs_keep_the_torch_optimizer_and_bad_dtypes_are_refused():
              torch.nn.Parameter(torch.zeros(2))]
     with pytest.raises(ConfigError, match="also has torch.float32 parameters"):
         mixed_precision_optimizer(mixed, torch.bfloat16, _adamw)
+
+
+def test_modes_without_master_weights_refuse_fp32_masters():
+    from end2end.driver.runtimes import make_runner
+
+    for mode, pp, match in (("dtensor-tp", 1, "mode 'dtensor-tp' trains the model cast"),
+                            ("hf-tp", 1, "mode 'hf-tp' trains the model cast"),
+                            ("slapo", 2, "the torch pipeline of mode 'slapo'")):
+        with pytest.raises(ConfigError, match=match):
+            make_runner(mode, tiny_config("gpt2"), dtype=torch.bfloat16, fp32_masters=True,
+                        pipeline_parallel=pp)
