@@ -4,7 +4,8 @@ collective, and the peak memory.
 :class:`StepRecorder` is a :class:`~torch.utils._python_dispatch.TorchDispatchMode` above fake
 tensors. Per ATen op it records the FLOPs (PyTorch's own table,
 :data:`torch.utils.flop_counter.flop_registry`), the bytes the kernel reads and writes (its
-tensor inputs and outputs; views move nothing), the dtype and the phase (``forward``,
+tensor inputs and outputs, and the mutable arguments of an op that returns nothing:
+:func:`_written_in_place`; views move nothing), the dtype and the phase (``forward``,
 ``backward`` or ``optimizer``); per collective (the ops of
 :mod:`torch.distributed._tools.fake_collectives`) its kind, bytes, group size, the global ranks
 of its group and the phase. A scalar read back from a fake tensor (``loss.item()``, Adam's step
@@ -60,6 +61,25 @@ def _tensors(tree: Any) -> List[torch.Tensor]:
 
 def _nbytes(tensors: List[torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _written_in_place(func, args, kwargs) -> List[torch.Tensor]:
+    """The tensors an op that returns nothing reads and also writes: the positional arguments
+    its schema marks mutable (``Tensor(a!)``). The multi-tensor ops (``_foreach_mul_``,
+    ``_foreach_copy_``) and the fused optimizers (``_fused_adamw_``, whose schema marks the
+    gradients mutable too: 4 bytes per fp32 parameter more than the kernel writes without a
+    grad scaler) return ``()``, so their writes are not among the outputs. An ``out=`` list
+    (``split_with_sizes_copy``: keyword-only) is written, not read, and already counted once
+    among the arguments; an in-place op that returns its input (``add_``) has it counted as
+    its output."""
+    schema = func._schema
+    if schema.returns:
+        return []
+    written: List[torch.Tensor] = []
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write and not arg.kwarg_only:
+            written += _tensors(args[i] if i < len(args) else kwargs.get(arg.name))
+    return written
 
 
 def _is_dtensor_type(cls: type) -> bool:
@@ -268,7 +288,7 @@ class StepRecorder(TorchDispatchMode):
         count = self._flops.get(func._overloadpacket)
         flops = int(count(*args, **kwargs, out_val=out)) if count else 0
         inputs, outputs = _tensors((args, kwargs)), _tensors(out)
-        moved = _nbytes(inputs) + _nbytes(outputs)
+        moved = _nbytes(inputs) + _nbytes(outputs) + _nbytes(_written_in_place(func, args, kwargs))
         if flops or moved:
             dtype = str((outputs or inputs)[0].dtype).replace("torch.", "") \
                 if (outputs or inputs) else "float32"

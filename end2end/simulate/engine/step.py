@@ -181,10 +181,15 @@ def multi_tensor_optimizer(optimizer) -> bool:
     (``torch.optim.optimizer._default_to_fused_or_foreach``); fake tensors live on the CPU, where
     it would pick the per-parameter loop. Its temporaries then count as on the GPU: AdamW's
     ``sqrt`` of the second moments is one tensor list over all parameters at once. A wrapper
-    that steps a torch optimizer of its own (megatron-core's mixed-precision optimizer, its
-    ``optimizer``: the fp32 masters' AdamW, which on CUDA takes the same default) has that one
-    switched. True if it was switched."""
+    that steps a torch optimizer of its own has that one switched; megatron-core's
+    mixed-precision optimizer (the megatron modes', ``fp32_masters``'), whose fp32 masters the
+    driver steps with torch's fused kernel on CUDA, as Megatron-LM and apex's O2 step theirs,
+    switches its own (``use_fused_step``). True if it was switched."""
     from torch.distributed.tensor import DTensor
+
+    fused = getattr(optimizer, "use_fused_step", None)
+    if fused is not None:
+        return bool(fused())
 
     inner = getattr(optimizer, "optimizer", None)
     if not isinstance(optimizer, torch.optim.Optimizer) and isinstance(inner,

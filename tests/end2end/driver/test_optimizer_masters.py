@@ -241,3 +241,37 @@ def test_modes_without_master_weights_refuse_fp32_masters():
         with pytest.raises(ConfigError, match=match):
             make_runner(mode, tiny_config("gpt2"), dtype=torch.bfloat16, fp32_masters=True,
                         pipeline_parallel=pp)
+
+
+def test_fused_step_of_the_masters_steps_as_the_loop():
+    """``use_fused_step`` (what the driver does on CUDA, the simulator on a GPU profile) turns the
+    inner AdamW fused; the masters then move as the per-parameter loop moves them. A form the
+    user chose stays, and an optimizer without a fused form is left alone."""
+    from end2end.driver.megatron_optimizer import mixed_precision_optimizer
+
+    def stepped(fused, base=_adamw):
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(8, 4).bfloat16()) for _ in range(3)]
+        opt = mixed_precision_optimizer(params, torch.bfloat16, base, vote_group=None)
+        assert opt.use_fused_step() == fused
+        assert all(bool(g.get("fused")) == fused for g in opt.optimizer.param_groups)
+        for step in range(2):
+            opt.zero_grad()
+            for p in params:
+                p.grad = torch.full_like(p, 0.1 * (step + 1))
+            opt.step()
+        return [m.detach().clone() for g in opt.fp32_from_float16_groups for m in g]
+
+    import torch.distributed as dist
+
+    from slapo.runtime.distributed import init_distributed, teardown
+
+    init_distributed()  # the overflow vote's default group (one rank)
+    try:
+        fused = stepped(True)
+        loop = stepped(False, lambda ps: torch.optim.AdamW(ps, lr=1e-3, foreach=False))
+        torch.testing.assert_close(fused, loop)
+        assert not stepped(False, lambda ps: torch.optim.RMSprop(ps))[0].isnan().any()
+        assert dist.is_initialized()
+    finally:
+        teardown()

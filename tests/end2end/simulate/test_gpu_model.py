@@ -203,3 +203,32 @@ def test_row_reductions_move_their_bytes_at_their_measured_fraction(name):
         stream = dataclasses.replace(op, name="add")
         assert kernel_seconds(op, profile) > kernel_seconds(stream, profile)
     assert profile.reduction_efficiency["backward"] < profile.reduction_efficiency["forward"]
+
+
+def test_an_op_that_returns_nothing_counts_the_arguments_it_writes():
+    """A multi-tensor in-place op and a fused optimizer return ``()``: what they write is their
+    mutable arguments, read and written (before, only read: AdamW's foreach step moved half
+    its bytes); an ``out=`` list is written once; an in-place op returning its input counts it
+    once as input and once as output."""
+    def recorded(fn):
+        with FakeTensorMode():
+            tensors = [torch.empty(1000) for _ in range(4)]  # 4000 bytes each
+            with StepRecorder() as rec:
+                fn(*tensors)
+        return {op.name: op.bytes for op in rec.ops}
+
+    one = 4000
+    assert recorded(lambda a, b, c, d: torch._foreach_mul_([a, b], 2.0)) == \
+        {"_foreach_mul_": 4 * one}
+    assert recorded(lambda a, b, c, d: a.mul_(2.0)) == {"mul_": 2 * one}
+    out = recorded(lambda a, b, c, d: torch.split_with_sizes_copy(a, [500, 500], out=[
+        b[:500], c[:500]]))
+    assert out["split_with_sizes_copy"] == 2 * one  # a read, two halves written
+
+    def adamw(p, g, m, v):
+        step = torch.zeros(())
+        torch._fused_adamw_([p], [g], [m], [v], [], [step], lr=1e-3, beta1=0.9, beta2=0.999,
+                            weight_decay=0.0, eps=1e-8, amsgrad=False, maximize=False)
+
+    # reads p, g, m, v and the step count; writes p, m, v and (the schema marks them mutable) g
+    assert recorded(adamw)["_fused_adamw_"] == 8 * one + 4

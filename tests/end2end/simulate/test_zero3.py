@@ -206,12 +206,13 @@ def megatron_optimizer_ops() -> dict:
     return names
 
 
-def test_megatrons_wrapped_adamw_runs_its_multi_tensor_form_on_a_gpu_profile():
+def test_megatrons_wrapped_adamw_runs_fused_on_a_gpu_profile():
     """megatron-core's mixed-precision optimizer steps a torch AdamW over the fp32 masters; on
-    CUDA that AdamW takes its foreach form, so on a GPU profile its step is a few tensor-list
-    ops, not a loop over every parameter (each op priced at the host's floor per op)."""
+    CUDA the driver runs it fused, as Megatron-LM's FusedAdam, so on a GPU profile its step is
+    one fused kernel, neither a loop over every parameter (each op priced at the host's floor
+    per op) nor the foreach form with its square-root temporary."""
     from end2end.simulate.engine.isolated import isolated
 
     names = isolated("tests.end2end.simulate.test_zero3.megatron_optimizer_ops")
-    assert names.get("_foreach_sqrt", 0) >= 1, names
-    assert names.get("sqrt", 0) == 0, names  # no per-parameter AdamW left
+    assert names.get("_fused_adamw_", 0) == 1, names
+    assert not {"sqrt", "_foreach_sqrt"} & set(names), names
