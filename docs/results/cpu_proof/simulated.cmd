@@ -1,2 +1,2 @@
 python -m end2end.simulate.proof end2end/configs/cpu.cfg --measured docs/results/cpu_proof/measured.tsv --calibration docs/results/cpu_proof/cpu_profile.json --out docs/results/cpu_proof
-# simulated 2026-12-04 22:17-22:21 UTC from a clean worktree of 8966d60 (the measured rows and the calibration unchanged; the simulated rows of f3735ec are in git history)
+# simulated 2026-12-05 01:17-01:19 UTC from a clean worktree of 1b5880c (the measured rows and the calibration unchanged; the simulated rows of 8966d60 and f3735ec are in git history)
