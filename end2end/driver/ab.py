@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> Optional[str]:
              ((args.mode_a, args.knob_a), (args.mode_b, args.knob_b))]
     runners, batches = [], []
     for spec in specs:
-        import_runtime(spec.mode)
+        import_runtime(spec.mode, bool(spec.fp32_masters))
         layout = run_layout(spec)
         runners.append(build_runner(spec, layout, None, env.device))
         batches.append(rank_batch(spec, layout, env.rank, env.device, None))

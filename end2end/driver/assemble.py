@@ -15,8 +15,9 @@ from typing import Any, Dict, Optional
 __all__ = ["import_runtime", "build_runner", "rank_batch"]
 
 
-def import_runtime(mode: str) -> None:
-    """Import the mode's framework before the memory baseline (its code is not model memory)."""
+def import_runtime(mode: str, fp32_masters: bool = False) -> None:
+    """Import the mode's framework before the memory baseline (its code is not model memory);
+    megatron-core also for a run with ``fp32_masters`` (its optimizer keeps them)."""
     from end2end.spec.modes import get_mode
 
     framework = get_mode(mode).framework
@@ -24,7 +25,7 @@ def import_runtime(mode: str) -> None:
         from slapo.dialects.compat.deepspeed_startup import import_deepspeed
 
         import_deepspeed()
-    elif framework == "megatron":
+    elif framework == "megatron" or fp32_masters:
         import megatron.core  # noqa: F401
 
 

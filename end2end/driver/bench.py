@@ -233,7 +233,7 @@ def _prepare(spec, args: argparse.Namespace, device, extra: Dict[str, Any]):
         import slapo
 
         extra["keep_freed_memory"] = slapo.keep_freed_memory()
-    import_runtime(spec.mode)
+    import_runtime(spec.mode, bool(spec.fp32_masters))
     limit_cuda_memory(device, args.mem_budget_gb)
     if args.mem_budget_gb is not None:
         extra["mem_budget_gb"] = args.mem_budget_gb

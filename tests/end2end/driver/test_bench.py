@@ -106,3 +106,23 @@ def test_fault_injection_and_oom_detection():
         maybe_inject_fault(0, {FAULT_ENV: "segv"})
     assert is_oom(MemoryError()) and is_oom(RuntimeError("CUDA out of memory. Tried"))
     assert not is_oom(RuntimeError("shape mismatch"))
+
+
+def _fp32_masters_run(results: str):
+    args = parse_args(["--mode", "eager", "--model", "tiny/gpt2", "--ckpt", "0", "--dtype",
+                       "bf16", "--fp32-masters", "--results", results, *COMMON])
+    return run_bench(args)
+
+
+def test_fp32_masters_reach_the_run_and_its_row(tmp_path):
+    """``--fp32-masters``: the run trains under megatron-core's optimizer (imported before the
+    memory baseline), and its row's JSON twin says so."""
+    import json
+
+    results = tmp_path / "m.tsv"
+    assert run_distributed(_fp32_masters_run, 1, str(results), timeout=300) == [0]
+    (row,) = read_results(results).rows
+    assert row.status == "ok" and row.dtype == "bf16", row
+    lines = [json.loads(t) for t in (tmp_path / "m.jsonl").read_text().splitlines()]
+    (twin,) = [line for line in lines if "extra" in line]  # after the environment's line
+    assert twin["extra"]["fp32_masters"] is True
