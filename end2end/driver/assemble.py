@@ -39,7 +39,8 @@ def build_runner(spec, layout, torch_dtype, device, builders: Optional[Any] = No
     from end2end.models import build_hf_config, build_model, get_model_spec, make_inputs
     from end2end.driver.pipeline_plan import deepspeed_pipeline_config, pipeline_knobs
     from end2end.driver.runner import with_lean_loss
-    from end2end.driver.runtimes import ModelSchedule, default_deepspeed_config, make_runner
+    from end2end.driver.runtimes import (ModelSchedule, default_deepspeed_config,
+                                         default_optimizer, make_runner, with_fp32_masters)
 
     model_spec = get_model_spec(spec.model)
     if spec.mode_info.builds_own_model:
@@ -63,11 +64,11 @@ def build_runner(spec, layout, torch_dtype, device, builders: Optional[Any] = No
         ds_config = deepspeed_pipeline_config(layout.micro_batch_size, layout.num_microbatches)
     else:
         ds_config = default_deepspeed_config(layout.micro_batch_size, layout.num_microbatches)
-    return make_runner(spec.mode, target, schedule=schedule, ckpt=ckpt,
+    optimizer = with_fp32_masters(default_optimizer) if spec.fp32_masters else default_optimizer
+    return make_runner(spec.mode, target, schedule=schedule, ckpt=ckpt, optimizer=optimizer,
                        deepspeed_config=ds_config, num_microbatches=layout.num_microbatches,
                        seed=0, dtype=torch_dtype, tensor_parallel=layout.tp,
-                       pipeline_parallel=layout.pp, builders=builders,
-                       fp32_masters=bool(spec.fp32_masters))
+                       pipeline_parallel=layout.pp, builders=builders)
 
 
 def rank_batch(spec, layout, rank: int, device, dtype):

@@ -41,6 +41,27 @@ def default_optimizer(params: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1.5e-4)
 
 
+@dataclasses.dataclass(frozen=True)
+class FP32Masters:
+    """An optimizer factory that asks for fp32 master weights: :func:`with_fp32_masters`."""
+
+    base: Callable[[Any], torch.optim.Optimizer]
+
+    def __call__(self, params: Any) -> torch.optim.Optimizer:
+        return self.base(params)
+
+
+def with_fp32_masters(base: Callable[[Any], torch.optim.Optimizer]) -> FP32Masters:
+    """``base`` (an optimizer factory ``fn(params)``) for a run that keeps fp32 master weights in
+    fp16/bf16: a mode whose :attr:`~end2end.spec.modes.Mode.master_weights` is ``on_request``
+    (``eager``, ``slapo``, ``slapo-auto``) then trains its cast model under megatron-core's
+    mixed-precision optimizer over ``base`` (fp16 with dynamic loss scaling), as apex's O2 does;
+    the ``mixed_precision`` modes keep masters anyway and use ``base`` as they would; the
+    others refuse it (:meth:`~end2end.spec.modes.Mode.check_fp32_masters`). The driver's
+    ``--fp32-masters``."""
+    return FP32Masters(base)
+
+
 def default_deepspeed_config(micro_batch: int = 1, accumulation: int = 1) -> Dict[str, Any]:
     """ZeRO-3 with ``micro_batch`` samples per rank and micro-batch, ``accumulation``
     micro-batches per step (gradient accumulation), fp32, no DeepSpeed optimizer section (a
@@ -120,11 +141,15 @@ class RunnerRequest:
     tensor_parallel: int
     pipeline_parallel: int
     env: Any
-    fp32_masters: bool = False
 
     @property
     def low_precision(self) -> bool:
         return self.dtype is not None and self.dtype != torch.float32
+
+    @property
+    def fp32_masters(self) -> bool:
+        """The run asked for fp32 masters (:func:`with_fp32_masters`)."""
+        return isinstance(self.optimizer, FP32Masters)
 
     @property
     def optimizer_keeps_masters(self) -> bool:

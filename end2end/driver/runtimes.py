@@ -54,17 +54,17 @@ from slapo.errors import ConfigError
 from slapo.runtime.distributed import init_distributed
 
 from end2end.driver import builders as _builders  # registers the builders (explicit import)
-from end2end.driver.runner import (BUILDERS, Batch, Builder, Builders, ModelSchedule,
-                                   PipelineBuilder, Runner, RunnerRequest, ScheduleFn, builds,
-                                   config_of, default_deepspeed_config, default_optimizer,
-                                   hf_model_from_config, prepare_hf_model, schedule_group,
-                                   scheduled_model)
+from end2end.driver.runner import (BUILDERS, Batch, Builder, Builders, FP32Masters,
+                                   ModelSchedule, PipelineBuilder, Runner, RunnerRequest,
+                                   ScheduleFn, builds, config_of, default_deepspeed_config,
+                                   default_optimizer, hf_model_from_config, prepare_hf_model,
+                                   schedule_group, scheduled_model, with_fp32_masters)
 from end2end.spec.modes import MODES, get_mode
 
 __all__ = ["MODES", "Runner", "RunnerRequest", "ModelSchedule", "BUILDERS", "Builders", "builds",
            "make_runner", "default_builders", "hf_model_from_config", "default_optimizer",
            "default_deepspeed_config", "config_of", "prepare_hf_model", "scheduled_model",
-           "schedule_group", "Batch", "Builder", "PipelineBuilder"]
+           "schedule_group", "Batch", "Builder", "PipelineBuilder", "with_fp32_masters"]
 
 
 def default_builders() -> Builders:
@@ -87,7 +87,6 @@ def make_runner(
     tensor_parallel: Optional[int] = None,
     pipeline_parallel: int = 1,
     builders: Optional[Builders] = None,
-    fp32_masters: bool = False,
 ) -> Runner:
     """Build ``mode``'s model on this rank (see the module docstring) with the builder the mode
     registered (:func:`builds`).
@@ -101,7 +100,9 @@ def make_runner(
         ckpt: activation checkpointing of the baselines: truthy for HF gradient checkpointing
             (``deepspeed``, ``eager``, ``fsdp``, ``dtensor-tp``), ``"full"``/``"selective"``
             for megatron's recomputation.
-        optimizer: factory ``fn(params)``, the same in every mode.
+        optimizer: factory ``fn(params)``, the same in every mode;
+            ``with_fp32_masters(factory)`` asks for fp32 master weights in a low ``dtype``
+            (:func:`~end2end.driver.runner.with_fp32_masters`).
         deepspeed_config: DeepSpeed config of the ``*deepspeed`` modes (default ZeRO-3).
         num_microbatches: micro-batches per step: a pipeline's, or gradient accumulation
             (every mode; :func:`~end2end.driver.builders.plain_torch_step`).
@@ -117,15 +118,11 @@ def make_runner(
             schedule must cut that many stages, see the module docstring).
         builders: the builder table to build with (default :func:`default_builders`); the
             simulator passes one whose ZeRO-3 and pipeline builders are its models.
-        fp32_masters: with a low ``dtype``, a mode whose
-            :attr:`~end2end.spec.modes.Mode.master_weights` is ``on_request`` keeps fp32
-            masters in megatron-core's mixed-precision optimizer (fp16 with dynamic loss
-            scaling); the ``mixed_precision`` modes keep them anyway.
 
     Raises:
         ConfigError: an unknown mode; pipeline stages in a mode without pipelines, or a
             schedule that does not cut the model into ``pipeline_parallel`` stages;
-            ``fp32_masters`` in a mode or pipeline that cannot keep them.
+            fp32 masters asked for in a mode or pipeline that cannot keep them.
     """
     try:
         info = get_mode(mode)
@@ -136,14 +133,13 @@ def make_runner(
                           call="make_runner", hint="pipelines run in modes "
                           f"{', '.join(repr(m) for m in MODES if get_mode(m).pipeline_enabled)}"
                           "; see end2end.driver.pipeline_plan")
-    if fp32_masters:
+    if isinstance(optimizer, FP32Masters):
         info.check_fp32_masters(pipeline_parallel)
     env = init_distributed()
     tp = tensor_parallel or (env.world_size // pipeline_parallel
                              if info.tp_default or pipeline_parallel > 1 else 1)
     request = RunnerRequest(info, model_or_config, schedule, ckpt, optimizer, deepspeed_config,
-                            num_microbatches, seed, dtype, tp, pipeline_parallel, env,
-                            fp32_masters)
+                            num_microbatches, seed, dtype, tp, pipeline_parallel, env)
     table = builders or default_builders()
     if pipeline_parallel > 1:
         return table.pipeline(request, scheduled_model(request))

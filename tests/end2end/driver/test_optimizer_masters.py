@@ -28,13 +28,12 @@ def _adamw(params):
 
 
 def _runner(mode, schedule, dtype, tp, fp32_masters=True):
-    from end2end.driver.runtimes import make_runner
+    from end2end.driver.runtimes import make_runner, with_fp32_masters
 
-    plain = mode in PLAIN
+    masters = mode in PLAIN and fp32_masters
     return make_runner(mode, tiny_config("gpt2", use_cache=False), schedule=schedule,
-                       optimizer=_adamw, dtype=dtype,
-                       tensor_parallel=None if mode == "eager" else tp,
-                       fp32_masters=plain and fp32_masters)
+                       optimizer=with_fp32_masters(_adamw) if masters else _adamw, dtype=dtype,
+                       tensor_parallel=None if mode == "eager" else tp)
 
 
 def _batch(dp):
@@ -233,14 +232,14 @@ def test_fp32_runs_keep_the_torch_optimizer_and_bad_dtypes_are_refused():
 
 
 def test_modes_without_master_weights_refuse_fp32_masters():
-    from end2end.driver.runtimes import make_runner
+    from end2end.driver.runtimes import make_runner, with_fp32_masters
 
     for mode, pp, match in (("dtensor-tp", 1, "mode 'dtensor-tp' trains the model cast"),
                             ("hf-tp", 1, "mode 'hf-tp' trains the model cast"),
                             ("slapo", 2, "the torch pipeline of mode 'slapo'")):
         with pytest.raises(ConfigError, match=match):
-            make_runner(mode, tiny_config("gpt2"), dtype=torch.bfloat16, fp32_masters=True,
-                        pipeline_parallel=pp)
+            make_runner(mode, tiny_config("gpt2"), dtype=torch.bfloat16,
+                        optimizer=with_fp32_masters(_adamw), pipeline_parallel=pp)
 
 
 def test_fused_step_of_the_masters_steps_as_the_loop():
