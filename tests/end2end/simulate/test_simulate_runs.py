@@ -47,7 +47,9 @@ def test_rows_come_in_the_configs_order_with_jobs_at_a_time(monkeypatch, jobs):
 
 
 def test_leaving_the_loop_cancels_the_runs_not_started(monkeypatch):
-    delays = dict.fromkeys("abcdef", 0.1)
+    # b outlasts the loop: once a is done only one slot frees (c), whatever the machine's load
+    # (with b as short as a, b could finish and start d before the caller's close)
+    delays = dict(dict.fromkeys("abcdef", 0.1), b=3.0)
     worker = FakeWorker(delays)
     monkeypatch.setattr(run_module, "simulate_run", worker)
     runs = run_module.simulate_runs(list(delays), "v100-32gb", jobs=2)
