@@ -166,6 +166,9 @@ def _node_reason(hosts: Sequence[str], i: int, rc: int, log: Path, running: str)
         text = log.read_text(errors="replace")
     except OSError:
         text = ""
+    if "EADDRINUSE" in text:
+        return (f"{_node(hosts, i)}: the rendezvous port is in use on {hosts[i]} (another job "
+                f"or process holds it): pass a free one with --port (exit code {rc}; log: {log})")
     if "RendezvousTimeoutError" in text:
         return (f"{_node(hosts, i)}: rendezvous timeout: not every node joined (still "
                 f"running: {running}; exit code {rc}; log: {log})")

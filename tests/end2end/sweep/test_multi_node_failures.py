@@ -18,7 +18,7 @@ import pytest
 from end2end.results.store import read_results
 from end2end.sweep.multi_node import main as multi_node_main
 
-from .processes import command_line, driver_ranks
+from .processes import command_line, driver_ranks, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 LONG = "#@ steps=1000000 warmup=0\neager tiny/bert 2 16 0 4 0\n"  # runs until stopped
@@ -27,15 +27,9 @@ LONG3 = "#@ steps=1000000 warmup=0\neager tiny/bert 3 16 0 6 0\n"  # 3 nodes of 
 THREE = "localhost,localhost,localhost"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _argv(cfg: Path, res: Path, hosts: str = "localhost,localhost", *extra: str):
     return ["--hosts", hosts, "--gpus-per-node", "1", "--device", "cpu", "--config", str(cfg),
-            "--results", str(res), "--port", str(_free_port()), "--workdir", str(ROOT), *extra]
+            "--results", str(res), "--port", str(free_port()), "--workdir", str(ROOT), *extra]
 
 
 def _start(argv):
@@ -170,6 +164,21 @@ def test_a_node_that_never_starts_and_a_hung_job_each_give_a_row(tmp_path, monke
         "timed out after 20s; still running: node 0 (localhost), node 1 (localhost), "
         "node 2 (localhost)"), row
     assert _all_gone([p.pid for p in mine.children(recursive=True) if p.pid not in before])
+
+
+def test_a_rendezvous_port_in_use_gives_a_row_saying_so(tmp_path):
+    cfg, res = tmp_path / "c.cfg", tmp_path / "r.tsv"
+    cfg.write_text(SHORT)
+    with socket.socket() as held:  # another process listening on the port
+        held.bind(("", 0))
+        held.listen()
+        argv = _argv(cfg, res)
+        argv[argv.index("--port") + 1] = str(held.getsockname()[1])
+        assert multi_node_main(argv) == 1
+    ((impl, status, error),) = _rows(res)
+    assert status == "fail" and error.startswith(
+        "node 0 (localhost): the rendezvous port is in use on localhost (another job or "
+        "process holds it): pass a free one with --port (exit code 1; log: "), error
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

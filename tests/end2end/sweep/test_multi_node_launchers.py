@@ -7,7 +7,6 @@ on this machine), a node over real ssh trains and is stopped by a SIGTERM to the
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,15 +18,9 @@ import pytest
 from end2end.results.store import read_results
 from end2end.sweep.multi_node import main as multi_node_main
 
-from .processes import driver_ranks
+from .processes import driver_ranks, free_port
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_deepspeed_launcher_runs_a_localhost_node_for_real(tmp_path, capsys):
@@ -35,7 +28,7 @@ def test_deepspeed_launcher_runs_a_localhost_node_for_real(tmp_path, capsys):
     cfg.write_text("#@ steps=1 warmup=0\nslapo tiny/bert 2 16 0 4 0\n")
     argv = ["--hosts", "localhost", "--gpus-per-node", "2", "--device", "cpu", "--launcher",
             "deepspeed", "--config", str(cfg), "--results", str(res), "--port",
-            str(_free_port()), "--workdir", str(ROOT), "--timeout", "300"]
+            str(free_port()), "--workdir", str(ROOT), "--timeout", "300"]
     assert multi_node_main(argv) == 0
     out = capsys.readouterr().out
     assert "-m deepspeed.launcher.runner --hostfile=" in out and "--no_ssh_check" in out
@@ -71,7 +64,7 @@ def test_a_node_over_real_ssh_runs_and_is_stopped_by_sigterm(tmp_path):
     cfg, res = tmp_path / "c.cfg", tmp_path / "r.tsv"
     cfg.write_text("#@ steps=1 warmup=0\neager tiny/bert 2 16 0 4 0\n")
     argv = ["--hosts", f"localhost,{SSH_HOST}", "--gpus-per-node", "1", "--device", "cpu",
-            "--config", str(cfg), "--results", str(res), "--port", str(_free_port()),
+            "--config", str(cfg), "--results", str(res), "--port", str(free_port()),
             "--workdir", str(ROOT), "--timeout", "120",
             "--torchrun", f"{sys.executable} -m torch.distributed.run"]
     assert multi_node_main(argv) == 0

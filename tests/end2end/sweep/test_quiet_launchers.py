@@ -5,7 +5,6 @@ without storing the candidate). A busy machine is made as in ``test_quiet.py``: 
 process beside the test (the ``hog`` fixture)."""
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,17 +13,13 @@ from end2end.results.store import read_results, twin_path
 from end2end.sweep.multi_node import main as multi_node_main
 from slapo.autotune import load_records
 
+from .processes import free_port
+
 ROOT = Path(__file__).resolve().parents[3]
 ONE_RANK = "#@ steps=1 warmup=1\neager tiny/bert 1 16 0 2 0\n"
 CANDIDATE = ["--mode", "eager", "--model", "tiny/bert", "--gpus", "1", "--seq-len", "16",
              "--batch-size", "2", "--ckpt", "0", "--steps", "1", "--warmup", "1",
              "--device", "cpu"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -42,7 +37,7 @@ def test_the_multi_node_launcher_flags_a_busy_machine_and_require_quiet_refuses(
     cfg = tmp_path / "one.cfg"
     cfg.write_text(ONE_RANK)
     launch = ["end2end.multi_node.launch", "--hosts", "localhost", "--gpus-per-node", "1",
-              "--device", "cpu", "--config", str(cfg), "--port", str(_free_port()),
+              "--device", "cpu", "--config", str(cfg), "--port", str(free_port()),
               "--workdir", str(ROOT)]
     results = tmp_path / "r.tsv"
     run = _run(*launch, "--results", str(results))

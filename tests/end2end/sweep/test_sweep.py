@@ -9,6 +9,8 @@ from end2end.sweep.progress import Progress, format_duration
 from end2end.results.store import read_results
 from end2end.sweep.single_node import run_sweep
 
+from .processes import free_port
+
 
 def test_progress_lines_and_eta():
     now = [0.0]
@@ -69,19 +71,17 @@ def test_skipped_runs_run_again_once_enough_devices_are_there(tmp_path, capsys):
 def test_two_local_nodes_run_for_real(tmp_path, capsys):
     """The multi-node path end to end on this machine: two torchrun agents ("nodes" named
     localhost, one gloo rank each, c10d rendezvous hosted by the first) run each line once."""
-    import socket
     from pathlib import Path
 
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cfg = tmp_path / "nodes.cfg"
     cfg.write_text("#@ steps=2 warmup=1\nslapo tiny/bert 2 16 0 4 0\neager tiny/bert 2 16 0 4 0\n")
     res = tmp_path / "nodes.tsv"
     root = str(Path(__file__).resolve().parents[3])
     argv = ["--hosts", "localhost,localhost", "--gpus-per-node", "1", "--device", "cpu",
             "--config", str(cfg), "--results", str(res), "--port", str(port), "--workdir", root]
-    assert multi_node_main(argv) == 0
+    status = multi_node_main(argv)
+    assert status == 0, [(r.impl, r.status, r.error) for r in read_results(res).rows]
     out = capsys.readouterr().out
     assert out.count("--rdzv_conf=is_host=1") == 2 and out.count("--rdzv_conf=is_host=0") == 2
     assert "ssh" not in out
