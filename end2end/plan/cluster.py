@@ -65,6 +65,8 @@ class Cluster:
     host_op_s: float = 0.0
     """Host seconds per eager op (the profile's; a phase takes at least its ops x this)."""
     calibration: str = ""
+    overlap_slowdown: float = 0.0
+    """How much longer compute takes beside an overlapped collective (the profile's)."""
     budget_bytes: float = 0.0
     """A per-rank memory budget below the device's memory (0: none): the driver's
     ``--mem-budget-gb`` (a run whose measured peak per rank, ``PerGPUMem``, exceeds it is an
@@ -138,4 +140,4 @@ def parse_cluster(text: str, calibration: Optional[str] = None) -> Cluster:
                    profile.intra_node_bandwidth * profile.link_efficiency,
                    profile.inter_node_bandwidth * profile.network_efficiency,
                    {dtype: profile.gemm_efficiency_of(dtype) for dtype in profile.flops},
-                   profile.host_op_s, calibration or "")
+                   profile.host_op_s, calibration or "", profile.overlap_slowdown)

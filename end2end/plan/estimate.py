@@ -12,7 +12,8 @@ devices costs
 * data parallelism: the gradients' all-reduce (DDP, megatron, DeepSpeed pipelines: once a
   step) or ZeRO-3/FSDP's two all-gathers and one reduce-scatter of the weights (once per
   micro-batch under gradient accumulation), over NVLink inside a node and the node's network
-  share across nodes, exposed where longer than the backward pass;
+  share across nodes, exposed where longer than the backward pass, and slowing the compute it
+  overlaps as the simulator does (``overlap_slowdown``);
 * the host: eager PyTorch issues about :data:`OPS_PER_LAYER` ops per layer and micro-batch
   (forward and backward), each at least the profile's ``host_op_s``;
 * the pipeline bubble: ``(PP - 1) / M`` of the pipelined time, ``M`` micro-batches per replica.
@@ -42,6 +43,7 @@ from end2end.plan.rules import (DTYPE_BYTES, parameter_count, shards_states_over
                                 state_bytes_per_parameter)
 from end2end.plan.ckpt import activation_sbh, ckpt_fraction
 from end2end.plan.space import Candidate
+from end2end.simulate.cost.timing import overlap_cost
 from end2end.spec.modes import get_mode
 from end2end.spec.runspec import DTYPES
 
@@ -87,7 +89,7 @@ def estimate_seconds(cand: Candidate, cluster: Cluster) -> Dict[str, float]:
         dp = 3 * _ring_seconds(weights, cand.dp, bandwidth, 1) * (1 + r / 2) * cand.accumulation
     else:
         dp = _ring_seconds(weights, cand.dp, bandwidth, 2)
-    dp_exposed = max(0.0, dp - compute * 2 / 3)
+    dp_exposed = overlap_cost(dp, compute * 2 / 3, cluster.overlap_slowdown)
     host = layers * cand.accumulation * OPS_PER_LAYER * (1 + r / 3) * cluster.host_op_s
     compute = max(compute, host)
     bubble = (cand.pp - 1) / cand.accumulation * (compute + tp) if cand.pp > 1 else 0.0

@@ -24,6 +24,10 @@ published training run (the validation set judges the model, it never tunes it).
   ``network_efficiency`` the fraction of a NIC's; with the latency ``alpha_s`` per ring step
   inside a node, ``inter_alpha_s`` per step that crosses nodes and ``collective_base_s`` per
   call (NCCL's own latency model);
+* ``overlap_slowdown``: how much longer compute takes while an overlapped collective runs
+  beside it (NCCL's kernels hold SMs and share HBM: compute that overlaps a collective
+  progresses at ``1 / (1 + overlap_slowdown)`` of its rate; 0 on ``cpu``, where overlap has
+  its own measured rule);
 * ``allocator_overhead``: the caching allocator's fragmentation and reserve on top of the peak of
   live tensors (10 %, plus ``reserved_bytes`` for the CUDA context and workspaces);
 * ``measured_overhead``, ``measured_fixed_bytes``: how the driver's memory measurement relates
@@ -55,7 +59,8 @@ from end2end.simulate.cost.cpu_model import EagerCpuModel
 from end2end.simulate.cost.load_verdict import describe_load
 
 __all__ = ["DeviceProfile", "PROFILES", "SOURCES", "get_profile", "profile_from_file", "FORMAT",
-           "FORMAT_CHANGES", "DEFAULT_CACHE", "GIB", "HOST_OP_ENV", "MEASURED_HOST_OP_S"]
+           "FORMAT_CHANGES", "DEFAULT_CACHE", "GIB", "HOST_OP_ENV", "MEASURED_HOST_OP_S",
+           "OVERLAP_SLOWDOWN"]
 
 GB = 1e9
 GIB = float(2 ** 30)
@@ -94,6 +99,7 @@ class DeviceProfile:
     collective_base_s: float = 0.0  # fixed latency per collective call (NCCL's baseLat)
     calibration: Dict[str, Any] = dataclasses.field(default_factory=dict)  # ``cpu``: its file
     host_note: str = ""  # a GPU profile's host cost replaced (:data:`HOST_OP_ENV`)
+    overlap_slowdown: float = 0.0  # compute beside an overlapped collective: 1 + this longer
 
     @property
     def provenance(self) -> str:
@@ -154,6 +160,12 @@ _V100_SGEMM = _MARKIDIS + ": 83 / 7 = 11.9 of 15.7 TFLOP/s = 75.5 % (fp32, and b
     "a V100 runs at the fp32 rate; 'seven times' is the paper's rounding)"
 _NCCL = "NVIDIA/nccl src/graph/tuning.cc of a NCCL 2.x release (latencies of its Ring/Simple " \
     "protocol: baseLat 8.4 us per call, hwLat 5.7 us per step on NVLink, 6.6 us on the network)"
+_OVERLAP = "Lee et al. 2025, Characterizing Compute-Communication Overlap in GPU-Accelerated " \
+    "Distributed Deep Learning (arXiv 2507.03114), abstract: overlapping computation and " \
+    "communication slows the computation by 18.9 % on average (at most 40.0 %) against the " \
+    "same computation without communication beside it, over GPT and LLaMA training on 4 " \
+    "A100s, H100s, MI250s and MI210s; the average taken for every NVIDIA profile (V100: " \
+    "assumed the same)"
 _ASSUMED = "assumed (no published measurement found); judged by the validation set, never fitted"
 _FOUND = " (the measurements found, quoted: docs/results/validation/gpu_constant_sources.md)"
 # -- measured sources of the efficiencies (docs/results/validation/gpu_constant_sources.md) ----
@@ -284,6 +296,7 @@ for _name in SOURCES:
     for _key in ("alpha_s", "inter_alpha_s", "collective_base_s"):
         SOURCES[_name].setdefault(_key, _NCCL)
     SOURCES[_name].setdefault("host_op_s", _HOST)
+    SOURCES[_name].setdefault("overlap_slowdown", _OVERLAP)
     SOURCES[_name].setdefault("allocator_overhead", _ASSUMED + _FOUND + ": GMLake (ASPLOS'24) "
                               "measured PyTorch's allocator at 15-33 % fragmentation on "
                               "recomputation, offloading, ZeRO-3 and LoRA workloads; no figure "
@@ -310,6 +323,9 @@ AMPERE_MEASURED = dict(kernel_overhead_s=2.7e-6, link_efficiency=0.78,
 #: the host's time per issued op (Python, dispatch, autograd, launch), measured on one H200
 #: machine (:data:`SOURCES`, docs/results/gpu_h200/host_cost.txt)
 MEASURED_HOST_OP_S = 54.1e-6
+#: compute beside an overlapped collective takes this much longer: the average of Lee et al.
+#: 2025 (:data:`SOURCES`, ``overlap_slowdown``)
+OVERLAP_SLOWDOWN = 0.189
 HOPPER_MEASURED = dict(kernel_overhead_s=2.7e-6, link_efficiency=0.82,
                        network_efficiency=47 / 50,
                        reduction_efficiency=dict(forward=1819 / 3938, backward=1285 / 3938))
@@ -327,7 +343,7 @@ def _gpu(name, description, memory_gib, peak, bandwidth, sms, cc, gemm,
                          gemm_efficiency=gemm, sm_count=sms, compute_capability=cc,
                          attention_efficiency=dict(flash=attention[0], efficient=attention[1]),
                          host_op_s=MEASURED_HOST_OP_S, alpha_s=5.7e-6, inter_alpha_s=6.6e-6,
-                         collective_base_s=8.4e-6, **kw)
+                         collective_base_s=8.4e-6, overlap_slowdown=OVERLAP_SLOWDOWN, **kw)
 
 
 PROFILES: Dict[str, DeviceProfile] = {p.name: p for p in (

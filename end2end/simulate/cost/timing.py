@@ -25,10 +25,11 @@
 * Overlap, as each runtime does it (:data:`OVERLAPPED`): DDP's gradient all-reduce runs during
   the backward, ZeRO-3's and FSDP2's all-gathers and reduce-scatters during the forward/backward
   they prefetch for; tensor-parallel collectives are on the critical path. An overlapped
-  collective costs only what exceeds its phase's compute. On ``cpu`` nothing overlaps when the
-  ranks' threads take every core (gloo computes on the same cores), and each collective kind
-  has its measured bandwidth (gloo's all-gather and reduce-scatter are slower than its
-  all-reduce).
+  collective costs what exceeds its phase's compute, and on a GPU profile the compute beside it
+  is slowed by the profile's ``overlap_slowdown`` (:func:`overlap_cost`; the step's
+  ``contention``). On ``cpu`` nothing overlaps when the ranks' threads take every core (gloo
+  computes on the same cores), and each collective kind has its measured bandwidth (gloo's
+  all-gather and reduce-scatter are slower than its all-reduce).
 * Pipelines: the slowest stage's step plus the bubble, ``(P - 1)`` of its micro-batch times.
 """
 
@@ -41,8 +42,8 @@ from end2end.simulate.cost.profiles import DeviceProfile
 from end2end.simulate.cost.records import CollectiveRecord, OpRecord
 
 __all__ = ["OVERLAPPED", "overlapped_kinds", "compute_seconds", "collective_seconds",
-           "rank_seconds", "step_seconds", "ring_factor", "ring_steps", "ring_bandwidth",
-           "ring_rate", "ranks_per_node"]
+           "rank_seconds", "overlap_cost", "step_seconds", "ring_factor", "ring_steps",
+           "ring_bandwidth", "ring_rate", "ranks_per_node"]
 
 # (framework, slapo?) -> collective kinds the runtime overlaps with compute
 OVERLAPPED: Dict[Tuple[str, bool], Set[str]] = {
@@ -145,13 +146,24 @@ def rank_seconds(ops, collectives, profile: DeviceProfile, overlapped: Set[str],
             per_phase[c.phase] = per_phase.get(c.phase, 0.0) + t
         else:
             exposed += t
+    contention = 0.0
     for phase, t in per_phase.items():
         over = max(0.0, t - compute.get(phase, 0.0))
         exposed += over
         hidden += t - over
-    total = sum(compute.values()) + exposed
+        contention += overlap_cost(t, compute.get(phase, 0.0), profile.overlap_slowdown) - over
+    total = sum(compute.values()) + exposed + contention
     return dict(compute=sum(compute.values()), comm_exposed=exposed, comm_hidden=hidden,
-                total=total, **{f"compute_{k}": v for k, v in compute.items()})
+                contention=contention, total=total,
+                **{f"compute_{k}": v for k, v in compute.items()})
+
+
+def overlap_cost(comm: float, compute: float, slowdown: float) -> float:
+    """What ``comm`` seconds of collectives overlapped with a phase's ``compute`` seconds add
+    to the phase: compute beside a collective progresses at ``1 / (1 + slowdown)`` of its rate
+    (``overlap_slowdown``), so the phase takes ``compute + comm x slowdown / (1 + slowdown)``
+    while the collectives end first, and ``comm`` once they outlast the slowed compute."""
+    return max(comm - compute, comm * slowdown / (1 + slowdown))
 
 
 def step_seconds(rank_totals: Iterable[float], pp: int, microbatches: int) -> float:

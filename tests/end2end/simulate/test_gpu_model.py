@@ -17,7 +17,8 @@ from end2end.simulate.cost.gpu_model import (REDUCTION_KERNELS, kernel_seconds, 
                                              tile_utilisation)
 from end2end.simulate.cost.profiles import GIB, PROFILES, SOURCES
 from end2end.simulate.cost.records import CollectiveRecord, OpRecord
-from end2end.simulate.cost.timing import collective_seconds, ring_bandwidth, ring_rate
+from end2end.simulate.cost.timing import (collective_seconds, rank_seconds, ring_bandwidth,
+                                          ring_rate)
 from end2end.simulate.engine.recorder import StepRecorder
 
 V100 = PROFILES["v100-32gb"]
@@ -88,13 +89,36 @@ def test_every_gpu_profile_names_its_sources():
         for key in ("device", "gemm_efficiency", "attention_efficiency", "memory_efficiency",
                     "reduction_efficiency",
                     "link_efficiency", "network_efficiency", "kernel_overhead_s", "host_op_s",
-                    "reserved_bytes", "allocator_overhead"):
+                    "reserved_bytes", "allocator_overhead", "overlap_slowdown"):
             assert SOURCES[name].get(key), (name, key)
         assert profile.sm_count > 0 and profile.compute_capability >= (7, 0), name
+        assert profile.overlap_slowdown == 0.189, name  # Lee et al. 2025's average
     # DGX interconnects: 8 x 200 Gb/s (A100), 8 x 400 Gb/s (H100/H200), DGX-2: 16 GPUs
     assert PROFILES["a100-80gb"].inter_node_bandwidth == 8 * 200e9 / 8
     assert PROFILES["h100-80gb"].inter_node_bandwidth == 8 * 400e9 / 8
     assert PROFILES["v100-32gb-dgx2"].gpus_per_node == 16
+
+
+def test_compute_beside_an_overlapped_collective_runs_slower():
+    """An FSDP all-gather hidden by its phase's compute still costs that compute its
+    contention (Lee et al. 2025: 18.9 % slower beside communication); one that outlasts the
+    slowed compute costs the phase its own length; an exposed one is not slowed against."""
+    h100 = PROFILES["h100-80gb"]
+    s = h100.overlap_slowdown
+    gemm = [OpRecord(10 ** 14, 0, "bfloat16", "forward", name="mm")]
+    compute = rank_seconds(gemm, [], h100, set())["compute"]
+    for size in (10 ** 8, 10 ** 11):  # hidden; longer than the slowed compute
+        gather = CollectiveRecord("allgather", size, 8, tuple(range(8)), "forward")
+        t = collective_seconds(gather, h100)
+        step = rank_seconds(gemm, [gather], h100, {"allgather"})
+        if t < compute:
+            assert step["comm_exposed"] == 0 and step["comm_hidden"] == pytest.approx(t)
+            assert step["contention"] == pytest.approx(t * s / (1 + s))
+            assert step["total"] == pytest.approx(compute + t * s / (1 + s))
+        else:
+            assert step["total"] == pytest.approx(t) and step["contention"] == 0
+        exposed = rank_seconds(gemm, [gather], h100, set())  # the runtime does not overlap it
+        assert exposed["total"] == pytest.approx(compute + t) and exposed["contention"] == 0
 
 
 def _gemm(m, n, k, batch=1, dtype="float16", name="mm"):
