@@ -139,12 +139,14 @@ def reduced_models(cand: Candidate, folder: Path, reduce_above: int = REDUCE_ABO
 
 
 def _phases(values: Dict[str, Any], ckpt: str) -> Dict[str, float]:
-    """Seconds by :data:`PHASES` from a row's ``extra.timing`` (its slowest role)."""
+    """Seconds by :data:`PHASES` from a row's ``extra.timing`` (its slowest role);
+    ``communication`` is what the collectives add to the step: the exposed ones and the compute
+    slowed beside the overlapped ones (``contention``)."""
     timing = values.get("extra", {}).get("timing") or [{}]
     slow = max(timing, key=lambda t: t.get("total", 0.0))
     recompute = ckpt_fraction(ckpt) * slow.get("compute_forward", 0.0)
     return dict(compute=slow.get("compute", 0.0) - recompute, recompute=recompute,
-                communication=slow.get("comm_exposed", 0.0),
+                communication=slow.get("comm_exposed", 0.0) + slow.get("contention", 0.0),
                 bubble=max(0.0, float(values.get("step_time") or 0.0) - slow.get("total", 0.0)))
 
 

@@ -65,3 +65,18 @@ def test_the_extrapolation_from_2_and_4_layers_matches_the_full_depth_simulation
     # the cache answers the same run again without simulating
     again = simulate_cached(cand.run_spec(), cluster, tmp_path, 600)
     assert again["_seconds"] == 0.0 and again["thrpt"] == pytest.approx(full.samples_per_s)
+
+
+def test_the_phases_add_up_to_the_step_with_compute_slowed_beside_collectives():
+    """A prediction's phases cover its whole step: the compute slowed beside overlapped
+    collectives (the timing's ``contention``) is communication's cost, not lost."""
+    from end2end.plan.predict import PHASES, _phases
+
+    timing = dict(compute=1.0, compute_forward=0.4, comm_exposed=0.05, comm_hidden=0.3,
+                  contention=0.048, total=1.098)
+    values = dict(step_time=1.098, extra=dict(timing=[timing]))
+    phases = _phases(values, "0.5")
+    assert set(phases) == set(PHASES)
+    assert sum(phases.values()) == pytest.approx(1.098)
+    assert phases["communication"] == pytest.approx(0.098)
+    assert phases["recompute"] == pytest.approx(0.2) and phases["bubble"] == 0
